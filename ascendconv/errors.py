@@ -1,0 +1,133 @@
+"""Project errors: each names what went wrong, where, and how to fix it.
+
+The CLI maps an error to its exit code and prints `message` and `hint`; `--json` output carries the
+class name as a stable error code. Library code raises these and never exits.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_CHECK_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INPUT = 3
+EXIT_INTERRUPTED = 130
+
+
+class AscendconvError(Exception):
+    """Base of every error the tool reports to a user."""
+
+    exit_code = EXIT_INPUT
+    default_hint = ""
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = self.default_hint if hint is None else hint
+
+    @property
+    def code(self) -> str:
+        return type(self).__name__
+
+    def to_dict(self) -> dict:
+        return {"error": self.code, "message": self.message, "hint": self.hint}
+
+
+# --- usage (exit 2) ---------------------------------------------------------------------------
+
+
+class UsageError(AscendconvError):
+    exit_code = EXIT_USAGE
+
+
+class OutputExistsError(UsageError):
+    default_hint = "choose an empty or new directory, or pass --overwrite to replace it"
+
+
+class BadOptionError(UsageError):
+    pass
+
+
+# --- invalid or unreadable input (exit 3) -----------------------------------------------------
+
+
+class InputError(AscendconvError):
+    exit_code = EXIT_INPUT
+
+
+class NotFoundError(InputError):
+    pass
+
+
+class NotCachedError(InputError):
+    default_hint = "download it first (e.g. `hf download REPO`) or pass a local directory"
+
+
+class UnrecognizedCheckpointError(InputError):
+    default_hint = "pass a directory holding *.safetensors files and a config.json"
+
+
+class NotBlockFP8Error(InputError):
+    default_hint = (
+        "ascendconv converts Hugging Face block-wise FP8 checkpoints "
+        "(quant_method 'fp8' with weight_block_size and dynamic activations)"
+    )
+
+
+class ConfigError(InputError):
+    pass
+
+
+class HeaderError(InputError):
+    default_hint = "the file is corrupt or not a safetensors file; download it again"
+
+
+class TruncatedFileError(HeaderError):
+    pass
+
+
+class MissingShardError(InputError):
+    default_hint = "the download is incomplete; fetch the missing shard"
+
+
+class IndexMismatchError(InputError):
+    default_hint = "the index and the shards disagree; download the checkpoint again"
+
+
+class DuplicateTensorError(InputError):
+    default_hint = "two files define the same tensor; remove the stray file"
+
+
+class MissingScaleError(InputError):
+    default_hint = "every F8_E4M3 weight needs its weight_scale_inv; the checkpoint is incomplete"
+
+
+class OrphanScaleError(InputError):
+    default_hint = "a weight_scale_inv has no F8_E4M3 weight beside it; the checkpoint is incomplete"
+
+
+class ScaleShapeError(InputError):
+    default_hint = "check weight_block_size in config.json against the scale tensors"
+
+
+class ScaleDtypeError(InputError):
+    default_hint = "weight_scale_inv must be F32 or BF16"
+
+
+class NonFiniteScaleError(InputError):
+    default_hint = "the scale tensor holds NaN or Inf; the checkpoint is corrupt"
+
+
+class NaNCodeError(InputError):
+    default_hint = "E4M3 codes 0x7F/0xFF are NaN; the checkpoint is corrupt"
+
+
+class NonFiniteValueError(InputError):
+    default_hint = "the tensor holds NaN or Inf; the checkpoint is corrupt"
+
+
+class UnsupportedTensorError(InputError):
+    pass
+
+
+class PackageError(InputError):
+    default_hint = "pass a directory written by `ascendconv convert`"

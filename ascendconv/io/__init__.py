@@ -1,0 +1,1 @@
+"""I/O: safetensors headers and shards, the source checkpoint, the AscendV1 package."""

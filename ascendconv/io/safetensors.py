@@ -1,0 +1,319 @@
+"""The safetensors container, read and written by hand (spec section 2).
+
+`u64 little-endian header length | UTF-8 JSON header | data`. The `safetensors` package cannot hand
+F8 tensors to numpy and cannot write a file tensor by tensor, so this module parses and validates
+headers itself, reads tensor bytes with positioned reads (never the whole file), and writes shards
+through `ShardWriter`, whose header is fixed before the first data byte.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+from ascendconv.errors import HeaderError, TruncatedFileError
+
+# dtype code -> numpy dtype used to view the bytes. F8_E4M3 is viewed as raw uint8 codes: the
+# numerics work on bits, and ml_dtypes' float8 views are made where values are needed.
+NUMPY_DTYPES: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_),
+    "U8": np.dtype(np.uint8),
+    "I8": np.dtype(np.int8),
+    "U16": np.dtype(np.uint16),
+    "I16": np.dtype(np.int16),
+    "U32": np.dtype(np.uint32),
+    "I32": np.dtype(np.int32),
+    "U64": np.dtype(np.uint64),
+    "I64": np.dtype(np.int64),
+    "F16": np.dtype(np.float16),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "F32": np.dtype(np.float32),
+    "F64": np.dtype(np.float64),
+    "F8_E4M3": np.dtype(np.uint8),
+    "F8_E5M2": np.dtype(np.uint8),
+    "F8_E8M0": np.dtype(np.uint8),
+}
+
+MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors library's own limit
+HEADER_ALIGNMENT = 8  # the reference writer pads the JSON header with spaces to 8 bytes
+
+
+def itemsize(dtype: str) -> int:
+    return NUMPY_DTYPES[dtype].itemsize
+
+
+def tensor_nbytes(dtype: str, shape: tuple[int, ...]) -> int:
+    return math.prod(shape) * itemsize(dtype)
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """One tensor of one file: where its bytes are and what they mean."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    path: Path
+    offset: int  # absolute byte offset in the file
+    nbytes: int
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass
+class SafetensorsHeader:
+    path: Path
+    file_size: int
+    data_start: int
+    tensors: dict[str, TensorEntry]
+    metadata: dict[str, str]
+    header_bytes: bytes = field(repr=False)
+
+    @property
+    def data_size(self) -> int:
+        return self.file_size - self.data_start
+
+
+def read_header(path: str | os.PathLike) -> SafetensorsHeader:
+    """Parse and fully validate the header of a safetensors file.
+
+    Offsets must be contiguous from 0, in bounds, end exactly at the end of the file, and each
+    tensor's byte count must equal prod(shape) * itemsize.
+    """
+    path = Path(path)
+    try:
+        file_size = path.stat().st_size
+        with open(path, "rb") as f:
+            prefix = f.read(8)
+            if len(prefix) < 8:
+                raise TruncatedFileError(f"{path}: {file_size} bytes, too short to hold a safetensors header")
+            (header_len,) = struct.unpack("<Q", prefix)
+            if header_len > MAX_HEADER_BYTES or 8 + header_len > file_size:
+                raise TruncatedFileError(
+                    f"{path}: header length {header_len} does not fit in a file of {file_size} bytes"
+                )
+            header_bytes = f.read(header_len)
+    except OSError as exc:
+        raise HeaderError(f"{path}: cannot read: {exc.strerror}") from exc
+    try:
+        header = json.loads(header_bytes.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise HeaderError(f"{path}: the header is not valid JSON ({exc})") from exc
+    if not isinstance(header, dict):
+        raise HeaderError(f"{path}: the header is a JSON {type(header).__name__}, not an object")
+
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise HeaderError(f"{path}: __metadata__ must map strings to strings")
+
+    data_start = 8 + header_len
+    data_size = file_size - data_start
+    tensors: dict[str, TensorEntry] = {}
+    spans: list[tuple[int, int, str]] = []
+    for name, info in header.items():
+        entry = _parse_entry(path, name, info, data_start)
+        tensors[name] = entry
+        spans.append((entry.offset - data_start, entry.offset - data_start + entry.nbytes, name))
+
+    spans.sort()
+    position = 0
+    for begin, end, name in spans:
+        if begin != position:
+            raise HeaderError(
+                f"{path}: tensor {name!r} starts at data offset {begin}, expected {position} "
+                "(offsets must be contiguous)"
+            )
+        position = end
+    if position > data_size:
+        last = spans[-1][2]
+        raise TruncatedFileError(
+            f"{path}: tensor {last!r} ends at data offset {position} but the file holds only "
+            f"{data_size} data bytes (truncated file)"
+        )
+    if position < data_size:
+        raise HeaderError(f"{path}: {data_size - position} bytes after the last tensor")
+    return SafetensorsHeader(path, file_size, data_start, tensors, dict(metadata), header_bytes)
+
+
+def _parse_entry(path: Path, name: str, info: object, data_start: int) -> TensorEntry:
+    if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= info.keys():
+        raise HeaderError(f"{path}: tensor {name!r} lacks dtype, shape or data_offsets")
+    dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+    if dtype not in NUMPY_DTYPES:
+        raise HeaderError(f"{path}: tensor {name!r} has unknown dtype {dtype!r}")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise HeaderError(f"{path}: tensor {name!r} has invalid shape {shape!r}")
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(isinstance(o, int) and o >= 0 for o in offsets)
+        or offsets[1] < offsets[0]
+    ):
+        raise HeaderError(f"{path}: tensor {name!r} has invalid data_offsets {offsets!r}")
+    nbytes = tensor_nbytes(dtype, tuple(shape))
+    if offsets[1] - offsets[0] != nbytes:
+        raise HeaderError(
+            f"{path}: tensor {name!r} ({dtype} {shape}) needs {nbytes} bytes but its offsets span "
+            f"{offsets[1] - offsets[0]}"
+        )
+    return TensorEntry(name, dtype, tuple(shape), path, data_start + offsets[0], nbytes)
+
+
+class TensorReader:
+    """Positioned reads of tensor bytes; one open descriptor per file, nothing mapped.
+
+    Reads go through `os.pread` into fresh buffers, so resident memory is bounded by what the
+    caller holds, not by how much of the file has been touched (as it would be with mmap).
+    """
+
+    def __init__(self) -> None:
+        self._fds: dict[Path, int] = {}
+
+    def _fd(self, path: Path) -> int:
+        fd = self._fds.get(path)
+        if fd is None:
+            fd = os.open(path, os.O_RDONLY)
+            self._fds[path] = fd
+        return fd
+
+    def read_bytes(self, entry: TensorEntry, start: int = 0, count: int | None = None) -> bytearray:
+        """`count` bytes of the tensor's data starting `start` bytes into it."""
+        count = entry.nbytes - start if count is None else count
+        if start < 0 or count < 0 or start + count > entry.nbytes:
+            raise ValueError(f"byte range [{start}, {start + count}) outside tensor {entry.name!r}")
+        buffer = bytearray(count)
+        view = memoryview(buffer)
+        fd = self._fd(entry.path)
+        done = 0
+        while done < count:
+            n = os.preadv(fd, [view[done:]], entry.offset + start + done)
+            if n == 0:
+                raise TruncatedFileError(f"{entry.path}: tensor {entry.name!r} is cut short (truncated file)")
+            done += n
+        return buffer
+
+    def read_rows(self, entry: TensorEntry, row_start: int = 0, row_stop: int | None = None) -> np.ndarray:
+        """Rows [row_start, row_stop) along the first axis, viewed with the tensor's numpy dtype."""
+        rows = entry.shape[0] if entry.shape else 1
+        row_stop = rows if row_stop is None else row_stop
+        row_bytes = entry.nbytes // rows if rows else 0
+        data = self.read_bytes(entry, row_start * row_bytes, (row_stop - row_start) * row_bytes)
+        array = np.frombuffer(data, dtype=NUMPY_DTYPES[entry.dtype])
+        if not entry.shape:
+            return array.reshape(())
+        return array.reshape((row_stop - row_start, *entry.shape[1:]))
+
+    def read(self, entry: TensorEntry) -> np.ndarray:
+        return self.read_rows(entry)
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def __enter__(self) -> "TensorReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """What a writer will put in a shard: known in full before any byte is written."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return tensor_nbytes(self.dtype, self.shape)
+
+
+def encode_header(specs: list[TensorSpec], metadata: dict[str, str] | None = None) -> bytes:
+    """The length prefix plus the space-padded JSON header for tensors laid out in `specs` order."""
+    header: dict[str, object] = {}
+    if metadata:
+        header["__metadata__"] = dict(metadata)
+    position = 0
+    for spec in specs:
+        header[spec.name] = {
+            "dtype": spec.dtype,
+            "shape": list(spec.shape),
+            "data_offsets": [position, position + spec.nbytes],
+        }
+        position += spec.nbytes
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    text += b" " * (-(8 + len(text)) % HEADER_ALIGNMENT)
+    return struct.pack("<Q", len(text)) + text
+
+
+class ShardWriter:
+    """Writes one safetensors shard as a state machine: header, then each tensor's bytes in order.
+
+    Every size is known before the first byte; `write` accepts a tensor's bytes in any number of
+    chunks but only for the tensor whose turn it is, and `close` refuses a shard that is not full.
+    The sha256 of the whole file is computed as it is written.
+    """
+
+    def __init__(self, path: str | os.PathLike, specs: list[TensorSpec], metadata: dict[str, str] | None = None):
+        names = [s.name for s in specs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"{path}: a tensor name is repeated in the shard plan")
+        self.path = Path(path)
+        self._specs = specs
+        self._index = 0  # which tensor is being written
+        self._written = 0  # bytes of that tensor written so far
+        self._sha = hashlib.sha256()
+        self._file = open(self.path, "wb")
+        self._put(encode_header(specs, metadata))
+        self._skip_empty()
+
+    def _put(self, data) -> None:
+        self._sha.update(data)
+        self._file.write(data)
+
+    def _skip_empty(self) -> None:
+        while self._index < len(self._specs) and self._specs[self._index].nbytes == 0:
+            self._index += 1
+
+    @property
+    def current(self) -> TensorSpec | None:
+        return self._specs[self._index] if self._index < len(self._specs) else None
+
+    def write(self, name: str, data) -> None:
+        """Append bytes (bytes-like or a C-contiguous numpy array) of tensor `name`."""
+        spec = self.current
+        if spec is None or spec.name != name:
+            expected = spec.name if spec else "nothing (the shard is full)"
+            raise RuntimeError(f"{self.path}: write of {name!r} out of order, expected {expected}")
+        view = memoryview(np.ascontiguousarray(data) if isinstance(data, np.ndarray) else data).cast("B")
+        if self._written + view.nbytes > spec.nbytes:
+            raise RuntimeError(f"{self.path}: {name!r} overflows its {spec.nbytes} planned bytes")
+        self._put(view)
+        self._written += view.nbytes
+        if self._written == spec.nbytes:
+            self._index += 1
+            self._written = 0
+            self._skip_empty()
+
+    def close(self) -> str:
+        """Finish the shard and return its sha256 hex digest."""
+        if self.current is not None:
+            raise RuntimeError(f"{self.path}: closed before {self.current.name!r} was written")
+        self._file.close()
+        return self._sha.hexdigest()
+
+    def abort(self) -> None:
+        self._file.close()

@@ -1,0 +1,128 @@
+"""Our safetensors reader and writer against the reference `safetensors` library."""
+
+import json
+import struct
+
+import ml_dtypes
+import numpy as np
+import pytest
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from ascendconv.errors import HeaderError, TruncatedFileError
+from ascendconv.io.safetensors import ShardWriter, TensorReader, TensorSpec, encode_header, read_header
+
+
+def test_reads_what_the_library_writes(tmp_path):
+    tensors = {
+        "a": np.arange(12, dtype=np.float32).reshape(3, 4),
+        "b": np.arange(5, dtype=np.int64),
+        "c": np.array([[1.5, -2.0]], dtype=ml_dtypes.bfloat16),
+    }
+    path = tmp_path / "x.safetensors"
+    save_file(tensors, str(path), metadata={"format": "np"})
+    header = read_header(path)
+    assert header.metadata == {"format": "np"}
+    assert {n: (e.dtype, e.shape) for n, e in header.tensors.items()} == {
+        "a": ("F32", (3, 4)),
+        "b": ("I64", (5,)),
+        "c": ("BF16", (1, 2)),
+    }
+    with TensorReader() as reader:
+        for name, value in tensors.items():
+            got = reader.read(header.tensors[name])
+            assert got.dtype == value.dtype and np.array_equal(got, value)
+        assert np.array_equal(reader.read_rows(header.tensors["a"], 1, 3), tensors["a"][1:3])
+
+
+def test_writer_output_is_read_back_by_the_library(tmp_path):
+    specs = [
+        TensorSpec("w", "F8_E4M3", (2, 64)),
+        TensorSpec("w_scale", "U8", (2, 2)),
+        TensorSpec("empty", "F32", (0, 3)),
+        TensorSpec("bias", "F32", (2,)),
+    ]
+    codes = np.arange(128, dtype=np.uint8).reshape(2, 64)
+    writer = ShardWriter(tmp_path / "s.safetensors", specs, {"format": "pt"})
+    writer.write("w", codes[:1])  # chunked writes of one tensor
+    writer.write("w", codes[1:])
+    writer.write("w_scale", np.array([[127, 128], [0, 254]], np.uint8))
+    writer.write("bias", np.array([1.0, -1.0], np.float32))
+    digest = writer.close()
+    data = (tmp_path / "s.safetensors").read_bytes()
+    import hashlib
+
+    assert digest == hashlib.sha256(data).hexdigest()
+    header_len = struct.unpack("<Q", data[:8])[0]
+    assert (8 + header_len) % 8 == 0
+    with safe_open(str(tmp_path / "s.safetensors"), "numpy") as f:
+        assert set(f.keys()) == {"w", "w_scale", "empty", "bias"}
+        assert f.metadata() == {"format": "pt"}
+        assert f.get_tensor("w_scale").tolist() == [[127, 128], [0, 254]]
+        assert f.get_tensor("bias").tolist() == [1.0, -1.0]
+        assert f.get_slice("w").get_dtype() == "F8_E4M3"
+    header = read_header(tmp_path / "s.safetensors")
+    with TensorReader() as reader:
+        assert np.array_equal(reader.read(header.tensors["w"]), codes)
+
+
+def test_writer_refuses_out_of_order_overflow_and_short_shards(tmp_path):
+    specs = [TensorSpec("a", "U8", (4,)), TensorSpec("b", "U8", (2,))]
+    writer = ShardWriter(tmp_path / "s.safetensors", specs)
+    with pytest.raises(RuntimeError, match="out of order"):
+        writer.write("b", b"xx")
+    with pytest.raises(RuntimeError, match="overflows"):
+        writer.write("a", b"12345")
+    writer.write("a", b"1234")
+    with pytest.raises(RuntimeError, match="closed before 'b'"):
+        writer.close()
+
+
+def _raw_file(path, header: dict, data: bytes, pad: bool = True):
+    text = json.dumps(header).encode()
+    if pad:
+        text += b" " * (-(8 + len(text)) % 8)
+    path.write_bytes(struct.pack("<Q", len(text)) + text + data)
+    return path
+
+
+@pytest.mark.parametrize(
+    "header,data,error,words",
+    [
+        ({"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 4, TruncatedFileError, "truncated"),
+        ({"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}}, b"\0" * 4, HeaderError, "needs 8 bytes"),
+        ({"t": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, b"\0" * 8, HeaderError, "contiguous"),
+        ({"t": {"dtype": "X9", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4, HeaderError, "unknown dtype"),
+        ({"t": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}, b"\0" * 4, HeaderError, "invalid shape"),
+        ({"t": {"dtype": "F32", "shape": [1]}}, b"\0" * 4, HeaderError, "lacks"),
+        ({"t": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}, b"\0" * 3, HeaderError, "after the last"),
+        ({"__metadata__": {"a": 1}}, b"", HeaderError, "__metadata__"),
+    ],
+)
+def test_malformed_headers_are_named(tmp_path, header, data, error, words):
+    path = _raw_file(tmp_path / "bad.safetensors", header, data)
+    with pytest.raises(error, match=words) as info:
+        read_header(path)
+    assert "bad.safetensors" in info.value.message
+
+
+def test_garbage_and_short_files(tmp_path):
+    short = tmp_path / "short.safetensors"
+    short.write_bytes(b"\x01\x02")
+    with pytest.raises(TruncatedFileError, match="too short"):
+        read_header(short)
+    huge = tmp_path / "huge.safetensors"
+    huge.write_bytes(struct.pack("<Q", 10**9) + b"{}")
+    with pytest.raises(TruncatedFileError, match="does not fit"):
+        read_header(huge)
+    garbage = tmp_path / "garbage.safetensors"
+    garbage.write_bytes(struct.pack("<Q", 4) + b"{{{{")
+    with pytest.raises(HeaderError, match="not valid JSON"):
+        read_header(garbage)
+
+
+def test_encode_header_offsets_follow_spec_order():
+    raw = encode_header([TensorSpec("z", "U8", (3,)), TensorSpec("a", "BF16", (2,))])
+    header = json.loads(raw[8:])
+    assert header["z"]["data_offsets"] == [0, 3] and header["a"]["data_offsets"] == [3, 7]
+    assert list(header) == ["z", "a"]
