@@ -1,0 +1,423 @@
+"""Execute a Plan: stream the source tensor by tensor, re-quantize, write the package.
+
+Three stages overlap with bounded memory: a reader thread prefetches source chunks, a pool of
+`workers` threads converts them (numpy and the numba kernels release the GIL), and a writer thread
+appends the results to the shard being written. Chunks are consumed in plan order whatever the
+number of workers, so the output bytes never depend on it. The package is built in a hidden
+sibling directory and renamed into place only when complete. Nothing here prints.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import os
+import queue
+import shutil
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+from ascendconv import __version__
+from ascendconv.errors import BadOptionError, NaNCodeError, OutputExistsError
+from ascendconv.formats.constants import E2M1, E4M3, W4A8_MXFP
+from ascendconv.io.safetensors import ShardWriter, TensorEntry
+from ascendconv.io.source import Fp8Linear, SourceCheckpoint, find_quantization_config
+from ascendconv.plan import (
+    DEFAULT_MAX_SHARD_SIZE,
+    DESCRIPTION_NAME,
+    INDEX_NAME,
+    PROVENANCE_NAME,
+    OutputTensor,
+    Override,
+    Plan,
+    make_plan,
+)
+
+KERNELS = ("numba", "reference")
+CHUNK_ELEMENTS = {"numba": 16 * 2**20, "reference": 4 * 2**20}  # source elements per work item
+SHARD_METADATA = {"format": "pt"}  # what torch-saved safetensors carry; loaders accept it
+
+Progress = Callable[[int, int], None]  # (source bytes done, source bytes total)
+
+
+@dataclass
+class ConvertOptions:
+    scheme: str = "w8a8-mxfp8"
+    scale_rule: str = "mse"
+    resolve_dtype: str = "bf16"
+    overrides: list[Override] = field(default_factory=list)
+    max_shard_size: int = DEFAULT_MAX_SHARD_SIZE
+    kernel: str = "numba"
+    workers: int = 0  # 0: the machine's cores
+    overwrite: bool = False
+
+
+@dataclass
+class ConvertResult:
+    output: Path
+    plan: Plan
+    kernel: str
+    seconds: float
+    dry_run: bool
+    shard_sha256: dict[str, str]
+    bytes_written: int
+
+    def to_dict(self) -> dict:
+        return {
+            "output": str(self.output),
+            "dry_run": self.dry_run,
+            "kernel": self.kernel,
+            **self.plan.to_dict(),
+            "bytes_out": self.bytes_written if not self.dry_run else self.plan.bytes_out,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+class Kernel:
+    """The three operations convert needs on source rows, from one implementation."""
+
+    def __init__(self, name: str):
+        if name == "reference":
+            from ascendconv.formats import requantize as impl
+        elif name == "numba":
+            from ascendconv.formats import kernels as impl
+        else:
+            raise BadOptionError(f"unknown kernel {name!r}", f"choose one of {', '.join(KERNELS)}")
+        self.name = name
+        self.requantize_rows = impl.requantize_rows
+        self.resolve_rows_bf16 = impl.resolve_rows_bf16
+        self.first_nan_code = impl.first_nan_code
+
+
+def plan_for(source: SourceCheckpoint, options: ConvertOptions) -> Plan:
+    return make_plan(
+        source.tensors,
+        source.linears,
+        [p.name for p in source.root.iterdir() if p.is_file()],
+        source.total_bytes,
+        scheme=options.scheme,
+        scale_rule=options.scale_rule,
+        resolve_dtype=options.resolve_dtype,
+        overrides=options.overrides,
+        max_shard_size=options.max_shard_size,
+    )
+
+
+def check_output(out: Path, source_root: Path, overwrite: bool) -> None:
+    if out.resolve() == source_root.resolve():
+        raise OutputExistsError(f"{out}: the output directory is the source directory")
+    if out.exists() and not out.is_dir():
+        raise OutputExistsError(f"{out}: exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise OutputExistsError(f"{out}: exists and is not empty")
+
+
+def convert(
+    src: str | os.PathLike,
+    out: str | os.PathLike,
+    options: ConvertOptions,
+    progress: Progress | None = None,
+    dry_run: bool = False,
+) -> ConvertResult:
+    started = time.perf_counter()
+    out = Path(out)
+    source = SourceCheckpoint.open(src)
+    try:
+        plan = plan_for(source, options)
+        kernel = Kernel(options.kernel)
+        if dry_run:
+            return ConvertResult(out, plan, kernel.name, time.perf_counter() - started, True, {}, 0)
+        check_output(out, source.root, options.overwrite)
+        staging = out.parent / f".{out.name}.ascendconv-partial-{os.getpid()}"
+        if staging.exists():
+            shutil.rmtree(staging)
+        staging.mkdir(parents=True)
+        try:
+            workers = options.workers or os.cpu_count() or 1
+            digests = write_shards(source, plan, kernel, staging, workers, progress)
+            write_package_files(source, plan, staging, kernel.name, digests)
+            bytes_written = sum((staging / name).stat().st_size for name in digests)
+            publish(staging, out)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        return ConvertResult(out, plan, kernel.name, time.perf_counter() - started, False, digests, bytes_written)
+    finally:
+        source.close()
+
+
+def publish(staging: Path, out: Path) -> None:
+    """Move the finished package into place; an old OUT (checked by the caller) is replaced."""
+    if out.is_dir():
+        trash = out.parent / f".{out.name}.ascendconv-old-{os.getpid()}"
+        out.rename(trash)
+        staging.rename(out)
+        shutil.rmtree(trash)
+    else:
+        staging.rename(out)
+
+
+# --- the streaming pipeline -------------------------------------------------------------------
+
+
+@dataclass
+class WorkItem:
+    """A source byte range to read and what to make of it once read."""
+
+    entry: TensorEntry
+    start: int
+    count: int
+    compute: Callable[[bytearray], list[tuple]]  # -> write operations
+
+
+def write_shards(
+    source: SourceCheckpoint, plan: Plan, kernel: Kernel, staging: Path, workers: int, progress: Progress | None
+) -> dict[str, str]:
+    items = list(work_items(source, plan, kernel))
+    total = sum(item.count for item in items)
+    done = 0
+    prefetched: queue.Queue = queue.Queue(maxsize=2)
+    to_write: queue.Queue = queue.Queue(maxsize=workers + 1)
+    stop = threading.Event()
+
+    def read_ahead() -> None:
+        try:
+            for item in items:
+                data = source.reader.read_bytes(item.entry, item.start, item.count)
+                while not stop.is_set():
+                    try:
+                        prefetched.put(data, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+        except BaseException as exc:  # handed to the main thread
+            prefetched.put(exc)
+
+    writer = PackageShardWriter(plan, staging)
+    writer_error: list[BaseException] = []
+
+    def write_behind() -> None:
+        try:
+            while True:
+                ops = to_write.get()
+                if ops is None:
+                    return
+                writer.apply(ops)
+        except BaseException as exc:
+            writer_error.append(exc)
+            while to_write.get() is not None:  # drain so the producer never blocks
+                pass
+
+    reader_thread = threading.Thread(target=read_ahead, daemon=True)
+    writer_thread = threading.Thread(target=write_behind, daemon=True)
+    reader_thread.start()
+    writer_thread.start()
+    try:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            pending: collections.deque = collections.deque()
+            for item in items:
+                data = prefetched.get()
+                if isinstance(data, BaseException):
+                    raise data
+                pending.append((item, pool.submit(item.compute, data)))
+                while len(pending) > workers:
+                    done = _hand_over(pending.popleft(), to_write, writer_error, done, total, progress)
+            while pending:
+                done = _hand_over(pending.popleft(), to_write, writer_error, done, total, progress)
+        to_write.put(None)
+        writer_thread.join()
+        if writer_error:
+            raise writer_error[0]
+        return writer.finish()
+    except BaseException:
+        stop.set()
+        to_write.put(None)
+        writer.abort()
+        raise
+
+
+def _hand_over(pair, to_write: queue.Queue, writer_error: list, done: int, total: int, progress: Progress | None) -> int:
+    item, future = pair
+    ops = future.result()
+    if writer_error:
+        raise writer_error[0]
+    to_write.put(ops)
+    done += item.count
+    if progress:
+        progress(done, total)
+    return done
+
+
+class PackageShardWriter:
+    """Routes write operations to the shard each tensor was planned into, opening shards in turn."""
+
+    def __init__(self, plan: Plan, staging: Path):
+        self.plan = plan
+        self.staging = staging
+        self.shard_of = {t.name: t.shard for t in plan.tensors}
+        self.current: ShardWriter | None = None
+        self.current_index = -1
+        self.digests: dict[str, str] = {}
+        self.collected: dict[str, list[np.ndarray]] = {}
+
+    def _writer_for(self, name: str) -> ShardWriter:
+        while self.current_index < self.shard_of[name]:
+            self._open_next()
+        return self.current  # type: ignore[return-value]
+
+    def _open_next(self) -> None:
+        self._close_current()
+        self.current_index += 1
+        shard = self.plan.shards[self.current_index]
+        self.current = ShardWriter(self.staging / shard.file, [t.spec for t in shard.tensors], SHARD_METADATA)
+
+    def _close_current(self) -> None:
+        if self.current is not None:
+            self.digests[self.current.path.name] = self.current.close()
+            self.current = None
+
+    def apply(self, ops: list[tuple]) -> None:
+        for op in ops:
+            if op[0] == "write":
+                _, name, data = op
+                self._writer_for(name).write(name, data)
+            else:  # ("collect", name, part, last): scale rows gathered until the weight is done
+                _, name, part, last = op
+                self.collected.setdefault(name, []).append(part)
+                if last:
+                    parts = self.collected.pop(name)
+                    self._writer_for(name).write(name, np.concatenate(parts) if len(parts) > 1 else parts[0])
+
+    def finish(self) -> dict[str, str]:
+        # Shards holding only empty tensors got no write; open them too so numbering has no holes.
+        while self.current_index < len(self.plan.shards) - 1:
+            self._open_next()
+        self._close_current()
+        return self.digests
+
+    def abort(self) -> None:
+        if self.current is not None:
+            self.current.abort()
+
+
+def work_items(source: SourceCheckpoint, plan: Plan, kernel: Kernel) -> Iterator[WorkItem]:
+    linears = {linear.weight.name: linear for linear in source.linears.values()}
+    chunk_elements = CHUNK_ELEMENTS[kernel.name]
+    for tensor in plan.tensors:
+        entry = source.tensors[tensor.source]
+        if tensor.kind == "mx_scale":
+            continue  # produced with its weight
+        if entry.nbytes == 0:
+            continue
+        if tensor.kind == "copy":
+            step = chunk_elements * 4
+            for start in range(0, entry.nbytes, step):
+                yield WorkItem(entry, start, min(step, entry.nbytes - start), _copy_op(tensor.name))
+        elif tensor.kind == "bias_f32":
+            yield WorkItem(entry, 0, entry.nbytes, _bias_op(tensor.name, entry.dtype))
+        else:
+            yield from _linear_items(source, plan, kernel, tensor, linears[tensor.source], chunk_elements)
+
+
+def _copy_op(name: str):
+    return lambda data: [("write", name, data)]
+
+
+def _bias_op(name: str, dtype: str):
+    from ascendconv.io.safetensors import NUMPY_DTYPES
+
+    return lambda data: [("write", name, np.frombuffer(data, NUMPY_DTYPES[dtype]).astype(np.float32))]
+
+
+def _linear_items(
+    source: SourceCheckpoint, plan: Plan, kernel: Kernel, tensor: OutputTensor, linear: Fp8Linear, chunk_elements: int
+) -> Iterator[WorkItem]:
+    n, k = linear.shape
+    scale = source.read_scale(linear)
+    block = source.quant.block
+    rows_per_chunk = max(1, chunk_elements // max(k, 1))
+    fmt = E2M1 if tensor.quant_type == W4A8_MXFP else E4M3
+    scale_name = linear.prefix + ".weight_scale"
+    for row_start in range(0, n, rows_per_chunk):
+        rows = min(rows_per_chunk, n - row_start)
+
+        def compute(data: bytearray, row_start=row_start, rows=rows) -> list[tuple]:
+            codes = np.frombuffer(data, np.uint8).reshape(rows, k)
+            nan_at = kernel.first_nan_code(codes)
+            if nan_at is not None:
+                raise NaNCodeError(
+                    f"{linear.weight.path.name}: {linear.weight.name!r} holds a NaN code "
+                    f"(0x{codes[nan_at]:02X}) at row {row_start + nan_at[0]}, column {nan_at[1]}"
+                )
+            if tensor.kind == "resolve":
+                return [("write", tensor.name, kernel.resolve_rows_bf16(codes, scale, block, row_start))]
+            payload, scales = kernel.requantize_rows(
+                codes, scale, block, row_start, plan.resolve_dtype, fmt, plan.scale_rule
+            )
+            return [("write", tensor.name, payload), ("collect", scale_name, scales, row_start + rows == n)]
+
+        yield WorkItem(linear.weight, row_start * k, rows * k, compute)
+
+
+# --- the files around the shards --------------------------------------------------------------
+
+
+def strip_quantization_config(config: dict) -> dict:
+    """config.json for the package: vLLM must not see the FP8 quantization_config (spec section 3)."""
+    config = {k: v for k, v in config.items() if k != "quantization_config"}
+    if isinstance(config.get("text_config"), dict):
+        config["text_config"] = {k: v for k, v in config["text_config"].items() if k != "quantization_config"}
+    return config
+
+
+def dump_json(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def source_fingerprint(header_bytes: bytes, size: int) -> str:
+    """Cheap identity of a source shard: its header and its size (the data is not re-read)."""
+    return hashlib.sha256(header_bytes + size.to_bytes(8, "little")).hexdigest()
+
+
+def write_package_files(source: SourceCheckpoint, plan: Plan, staging: Path, kernel: str, digests: dict) -> None:
+    dump_json(staging / DESCRIPTION_NAME, plan.description())
+    index = plan.index()
+    if index is not None:
+        dump_json(staging / INDEX_NAME, index)
+    for name in plan.copied_files:
+        if name == "config.json":
+            dump_json(staging / name, strip_quantization_config(source.config))
+        else:
+            shutil.copyfile(source.root / name, staging / name)
+    _, location = find_quantization_config(source.config)
+    dump_json(
+        staging / PROVENANCE_NAME,
+        {
+            "tool": "ascendconv",
+            "version": __version__,
+            "source": {
+                "name": source.root.name,
+                "quantization_config": location,
+                "weight_block_size": list(source.quant.block),
+                "files": [
+                    {"name": h.path.name, "size": h.file_size, "fingerprint": source_fingerprint(h.header_bytes, h.file_size)}
+                    for h in source.headers
+                ],
+            },
+            "scheme": plan.scheme,
+            "scale_rule": plan.scale_rule,
+            "resolve_dtype": plan.resolve_dtype,
+            "kernel": kernel,
+            "fallbacks": [d.to_dict() for d in plan.fallbacks],
+            "shards": {name: {"sha256": digest} for name, digest in sorted(digests.items())},
+        },
+    )

@@ -1,0 +1,46 @@
+"""Resolve a Hugging Face repo id to its snapshot in the local cache, without any download."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from ascendconv.errors import NotCachedError, NotFoundError
+
+REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?$")
+
+
+def hub_cache_dir() -> Path:
+    """Where huggingface_hub keeps models: HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]) / "hub"
+    return Path.home() / ".cache" / "huggingface" / "hub"
+
+
+def resolve_source(text: str) -> Path:
+    """A local directory as it is; otherwise `org/name[@revision]` looked up in the HF cache."""
+    path = Path(text).expanduser()
+    if path.exists():
+        return path
+    if not REPO_ID.match(text) or text.startswith((".", "/", "~")):
+        raise NotFoundError(f"{text}: no such directory", "pass a checkpoint directory or a cached repo id")
+    repo, _, revision = text.partition("@")
+    cache = hub_cache_dir()
+    repo_dir = cache / ("models--" + repo.replace("/", "--"))
+    snapshots = repo_dir / "snapshots"
+    if not snapshots.is_dir():
+        raise NotCachedError(f"{text}: not a local directory and not in the Hugging Face cache at {cache}")
+    revision = revision or "main"
+    ref = repo_dir / "refs" / revision
+    commit = ref.read_text().strip() if ref.is_file() else revision
+    snapshot = snapshots / commit
+    if not snapshot.is_dir():
+        available = sorted(p.name for p in snapshots.iterdir())
+        raise NotCachedError(
+            f"{text}: revision {revision!r} is not in the cache at {repo_dir}"
+            + (f" (cached: {', '.join(available)})" if available else "")
+        )
+    return snapshot

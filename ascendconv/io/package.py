@@ -1,0 +1,111 @@
+"""Read an AscendV1 package: description, index, shard headers, provenance, config.
+
+Reading is lenient on purpose: disagreements between the parts are collected, not raised, because
+`inspect` reports them and `verify` turns each into a failed check. Only a directory that is not a
+package at all (no readable description) raises.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ascendconv.errors import HeaderError, NotFoundError, PackageError
+from ascendconv.io.safetensors import SafetensorsHeader, TensorEntry, read_header
+from ascendconv.plan import DESCRIPTION_NAME, INDEX_NAME, PROVENANCE_NAME
+
+DESCRIPTION_FIELDS = ("version", "model_quant_type", "metadata", "group_size", "optional")
+
+
+def is_package(path: Path) -> bool:
+    return (path / DESCRIPTION_NAME).is_file()
+
+
+def _load_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PackageError(f"{path}: cannot parse ({exc})") from exc
+    if not isinstance(data, dict):
+        raise PackageError(f"{path}: not a JSON object")
+    return data
+
+
+@dataclass
+class Package:
+    root: Path
+    description: dict[str, str]  # tensor name -> TYPE
+    fields: dict[str, object]  # version, model_quant_type, group_size, ...
+    index: dict | None
+    headers: dict[str, SafetensorsHeader]  # shard file -> header, for readable shards
+    broken_shards: dict[str, str]  # shard file -> why its header could not be read
+    tensors: dict[str, TensorEntry]
+    duplicates: list[tuple[str, str, str]] = field(default_factory=list)  # (tensor, file, other file)
+    provenance: dict | None = None
+    config: dict | None = None
+
+    @classmethod
+    def open(cls, path: str | Path) -> "Package":
+        root = Path(path)
+        if not root.is_dir():
+            raise NotFoundError(f"{root}: no such directory")
+        if not is_package(root):
+            raise PackageError(f"{root}: no {DESCRIPTION_NAME}; this is not an AscendV1 package")
+        raw = _load_json(root / DESCRIPTION_NAME)
+        fields = {k: raw[k] for k in DESCRIPTION_FIELDS if k in raw}
+        description = {k: v for k, v in raw.items() if k not in DESCRIPTION_FIELDS}
+        index = _load_json(root / INDEX_NAME) if (root / INDEX_NAME).is_file() else None
+        provenance = _load_json(root / PROVENANCE_NAME) if (root / PROVENANCE_NAME).is_file() else None
+        config = _load_json(root / "config.json") if (root / "config.json").is_file() else None
+
+        headers: dict[str, SafetensorsHeader] = {}
+        broken: dict[str, str] = {}
+        tensors: dict[str, TensorEntry] = {}
+        duplicates = []
+        for shard in sorted(root.glob("*.safetensors")):
+            try:
+                header = read_header(shard)
+            except HeaderError as exc:
+                broken[shard.name] = exc.message
+                continue
+            headers[shard.name] = header
+            for name, entry in header.tensors.items():
+                if name in tensors:
+                    duplicates.append((name, shard.name, tensors[name].path.name))
+                else:
+                    tensors[name] = entry
+        return cls(root, description, fields, index, headers, broken, tensors, duplicates, provenance, config)
+
+    @property
+    def shard_files(self) -> list[str]:
+        return sorted([*self.headers, *self.broken_shards])
+
+    @property
+    def weight_map(self) -> dict[str, str]:
+        if self.index and isinstance(self.index.get("weight_map"), dict):
+            return self.index["weight_map"]
+        return {}
+
+    @property
+    def total_bytes(self) -> int:
+        return sum((self.root / f).stat().st_size for f in self.shard_files)
+
+    def disagreements(self) -> list[str]:
+        """Where description, index and shard headers do not name the same tensors."""
+        problems = [f"{f}: {why}" for f, why in sorted(self.broken_shards.items())]
+        problems += [f"tensor {n!r} is in both {a} and {b}" for n, a, b in self.duplicates]
+        described, stored = set(self.description), set(self.tensors)
+        if not self.broken_shards:
+            problems += [f"{n!r} is described but in no shard" for n in sorted(described - stored)]
+        problems += [f"{n!r} is in {self.tensors[n].path.name} but not described" for n in sorted(stored - described)]
+        if self.index is not None:
+            weight_map = self.weight_map
+            for name, file in sorted(weight_map.items()):
+                entry = self.tensors.get(name)
+                if entry is not None and entry.path.name != file:
+                    problems.append(f"index maps {name!r} to {file} but it is in {entry.path.name}")
+                elif entry is None and not self.broken_shards:
+                    problems.append(f"index maps {name!r} to {file} but no shard holds it")
+            problems += [f"{n!r} is in {self.tensors[n].path.name} but not in the index" for n in sorted(stored - set(weight_map))]
+        return problems

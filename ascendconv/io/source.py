@@ -1,0 +1,268 @@
+"""The source side: a Hugging Face checkpoint directory, its config and its validated tensor map.
+
+`SourceCheckpoint.open` reads config.json and every shard header (never tensor data) and pairs each
+F8_E4M3 weight with its `weight_scale_inv` (spec section 1). Value checks that need data (finite
+scales, NaN codes) happen where the data is read: `read_scale` here, the codes in convert.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ascendconv.errors import (
+    ConfigError,
+    DuplicateTensorError,
+    IndexMismatchError,
+    MissingScaleError,
+    MissingShardError,
+    NonFiniteScaleError,
+    NotBlockFP8Error,
+    NotFoundError,
+    OrphanScaleError,
+    ScaleDtypeError,
+    ScaleShapeError,
+    UnrecognizedCheckpointError,
+    UnsupportedTensorError,
+)
+from ascendconv.io.safetensors import SafetensorsHeader, TensorEntry, TensorReader, read_header
+
+INDEX_NAME = "model.safetensors.index.json"
+SCALE_SUFFIX = ".weight_scale_inv"
+WEIGHT_SUFFIX = ".weight"
+SCALE_DTYPES = ("F32", "BF16")
+
+
+@dataclass(frozen=True)
+class BlockFP8Config:
+    """`quantization_config` of a block-wise FP8 checkpoint."""
+
+    block: tuple[int, int]  # (rows of N, columns of K) per scale tile
+    activation_scheme: str
+    fmt: str
+    scale_fmt: str | None
+    modules_to_not_convert: tuple[str, ...]
+    location: str  # "quantization_config" or "text_config.quantization_config"
+
+
+@dataclass(frozen=True)
+class Fp8Linear:
+    """A quantized linear of the source: E4M3 weight [N, K] plus its tile scales."""
+
+    prefix: str
+    weight: TensorEntry
+    scale: TensorEntry
+    bias: TensorEntry | None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.weight.shape  # type: ignore[return-value]
+
+
+def find_quantization_config(config: dict) -> tuple[dict | None, str]:
+    if isinstance(config.get("quantization_config"), dict):
+        return config["quantization_config"], "quantization_config"
+    text = config.get("text_config")
+    if isinstance(text, dict) and isinstance(text.get("quantization_config"), dict):
+        return text["quantization_config"], "text_config.quantization_config"
+    return None, ""
+
+
+def parse_block_fp8_config(config: dict, config_path: Path) -> BlockFP8Config:
+    """Accept only block-wise FP8 with dynamic activations; name the reason otherwise."""
+    quant, location = find_quantization_config(config)
+    if quant is None:
+        raise NotBlockFP8Error(f"{config_path}: no quantization_config (this is not an FP8 checkpoint)")
+    method = quant.get("quant_method")
+    if method != "fp8":
+        raise NotBlockFP8Error(f"{config_path}: {location}.quant_method is {method!r}, expected 'fp8'")
+    block = quant.get("weight_block_size")
+    if block is None:
+        raise NotBlockFP8Error(
+            f"{config_path}: {location} has no weight_block_size (per-tensor FP8 is not block-wise FP8)"
+        )
+    if not (isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
+        raise ConfigError(f"{config_path}: {location}.weight_block_size is {block!r}, expected [bn, bk]")
+    scheme = quant.get("activation_scheme", "dynamic")
+    if scheme != "dynamic":
+        raise NotBlockFP8Error(
+            f"{config_path}: {location}.activation_scheme is {scheme!r}; only 'dynamic' is supported"
+        )
+    fmt = quant.get("fmt", "e4m3")
+    if fmt != "e4m3":
+        raise NotBlockFP8Error(f"{config_path}: {location}.fmt is {fmt!r}; only 'e4m3' weights are supported")
+    skipped = quant.get("modules_to_not_convert") or quant.get("ignored_layers") or []
+    return BlockFP8Config(
+        block=(block[0], block[1]),
+        activation_scheme=scheme,
+        fmt=fmt,
+        scale_fmt=quant.get("scale_fmt"),
+        modules_to_not_convert=tuple(skipped),
+        location=location,
+    )
+
+
+def load_config(root: Path) -> tuple[dict, Path]:
+    path = root / "config.json"
+    if not path.is_file():
+        raise UnrecognizedCheckpointError(f"{root}: no config.json")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot parse ({exc})", "fix or re-download config.json") from exc
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path}: not a JSON object", "fix or re-download config.json")
+    return config, path
+
+
+def discover_shards(root: Path, index_name: str = INDEX_NAME) -> tuple[list[Path], dict[str, str] | None]:
+    """The weight files of a directory: from its index, a single file, or bare shards.
+
+    Returns the shard paths (sorted) and the index's weight_map when there is an index.
+    """
+    index_path = root / index_name
+    if index_path.is_file():
+        try:
+            index = json.loads(index_path.read_text(encoding="utf-8"))
+            weight_map = index["weight_map"]
+            if not isinstance(weight_map, dict):
+                raise TypeError("weight_map is not an object")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise IndexMismatchError(f"{index_path}: cannot read the index ({exc})") from exc
+        names = sorted(set(weight_map.values()))
+        for name in names:
+            if not (root / name).is_file():
+                users = sorted(t for t, f in weight_map.items() if f == name)
+                raise MissingShardError(
+                    f"{index_path}: shard {name!r} is named for {len(users)} tensors "
+                    f"(first: {users[0]!r}) but is not in {root}"
+                )
+        return [root / n for n in names], weight_map
+    shards = sorted(p for p in root.glob("*.safetensors") if p.is_file())
+    return shards, None
+
+
+def merge_headers(
+    headers: list[SafetensorsHeader], weight_map: dict[str, str] | None, index_path: Path
+) -> dict[str, TensorEntry]:
+    """One name -> entry map over all shards; duplicates and index disagreements are errors."""
+    tensors: dict[str, TensorEntry] = {}
+    for header in headers:
+        for name, entry in header.tensors.items():
+            if name in tensors:
+                raise DuplicateTensorError(
+                    f"tensor {name!r} is defined twice: in {tensors[name].path.name} and in {header.path.name}"
+                )
+            tensors[name] = entry
+    if weight_map is not None:
+        for name, file in weight_map.items():
+            entry = tensors.get(name)
+            if entry is None:
+                raise IndexMismatchError(f"{index_path}: tensor {name!r} is mapped to {file!r} but no shard holds it")
+            if entry.path.name != file:
+                raise IndexMismatchError(
+                    f"{index_path}: tensor {name!r} is mapped to {file!r} but is stored in {entry.path.name!r}"
+                )
+        extra = sorted(set(tensors) - set(weight_map))
+        if extra:
+            raise IndexMismatchError(
+                f"{index_path}: tensor {extra[0]!r} in {tensors[extra[0]].path.name} is missing from the index"
+                + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else "")
+            )
+    return tensors
+
+
+def pair_fp8_linears(tensors: dict[str, TensorEntry], block: tuple[int, int]) -> dict[str, Fp8Linear]:
+    """Pair every F8_E4M3 weight with its scale and check the scale's dtype and shape."""
+    linears: dict[str, Fp8Linear] = {}
+    for name, entry in tensors.items():
+        if name.endswith(SCALE_SUFFIX):
+            weight_name = name[: -len(SCALE_SUFFIX)] + WEIGHT_SUFFIX
+            weight = tensors.get(weight_name)
+            if weight is None or weight.dtype != "F8_E4M3":
+                found = "is missing" if weight is None else f"is {weight.dtype}"
+                raise OrphanScaleError(
+                    f"{entry.path.name}: scale {name!r} has no F8_E4M3 weight: {weight_name!r} {found}"
+                )
+            continue
+        if entry.dtype not in ("F8_E4M3", "F8_E5M2"):
+            continue
+        if entry.dtype == "F8_E5M2" or not name.endswith(WEIGHT_SUFFIX) or len(entry.shape) != 2:
+            raise UnsupportedTensorError(
+                f"{entry.path.name}: tensor {name!r} is {entry.dtype} {list(entry.shape)}; only 2-D "
+                "F8_E4M3 '.weight' tensors are supported",
+                "this checkpoint uses an FP8 layout ascendconv does not know",
+            )
+        prefix = name[: -len(WEIGHT_SUFFIX)]
+        scale = tensors.get(prefix + SCALE_SUFFIX)
+        if scale is None:
+            raise MissingScaleError(
+                f"{entry.path.name}: F8_E4M3 weight {name!r} has no {prefix + SCALE_SUFFIX!r} in any shard"
+            )
+        if scale.dtype not in SCALE_DTYPES:
+            raise ScaleDtypeError(
+                f"{scale.path.name}: {scale.name!r} is {scale.dtype}, expected one of {', '.join(SCALE_DTYPES)}"
+            )
+        n, k = entry.shape
+        expected = (math.ceil(n / block[0]), math.ceil(k / block[1]))
+        if scale.shape != expected:
+            raise ScaleShapeError(
+                f"{scale.path.name}: {scale.name!r} has shape {list(scale.shape)}, expected {list(expected)} "
+                f"for weight {list(entry.shape)} with weight_block_size {list(block)}"
+            )
+        linears[prefix] = Fp8Linear(prefix, entry, scale, tensors.get(prefix + ".bias"))
+    return linears
+
+
+@dataclass
+class SourceCheckpoint:
+    root: Path
+    config: dict
+    config_path: Path
+    quant: BlockFP8Config
+    headers: list[SafetensorsHeader]
+    tensors: dict[str, TensorEntry]  # every tensor, in (file, offset) order
+    linears: dict[str, Fp8Linear]  # by module prefix
+    reader: TensorReader = field(default_factory=TensorReader, repr=False)
+
+    @classmethod
+    def open(cls, path: str | os.PathLike) -> "SourceCheckpoint":
+        root = Path(path)
+        if not root.is_dir():
+            raise NotFoundError(f"{root}: no such directory", "pass the checkpoint directory")
+        config, config_path = load_config(root)
+        quant = parse_block_fp8_config(config, config_path)
+        shard_paths, weight_map = discover_shards(root)
+        if not shard_paths:
+            raise UnrecognizedCheckpointError(f"{root}: no *.safetensors files")
+        headers = [read_header(p) for p in shard_paths]
+        tensors = merge_headers(headers, weight_map, root / INDEX_NAME)
+        tensors = dict(sorted(tensors.items(), key=lambda kv: (kv[1].path.name, kv[1].offset)))
+        linears = pair_fp8_linears(tensors, quant.block)
+        return cls(root, config, config_path, quant, headers, tensors, linears)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(h.file_size for h in self.headers)
+
+    @property
+    def scale_names(self) -> set[str]:
+        return {linear.scale.name for linear in self.linears.values()}
+
+    def read_scale(self, linear: Fp8Linear) -> np.ndarray:
+        """The tile scales as float32, checked finite."""
+        scale = self.reader.read(linear.scale).astype(np.float32)
+        if not np.isfinite(scale).all():
+            bad = np.argwhere(~np.isfinite(scale))[0]
+            raise NonFiniteScaleError(
+                f"{linear.scale.path.name}: {linear.scale.name!r} holds {scale[tuple(bad)]} at tile {bad.tolist()}"
+            )
+        return scale
+
+    def close(self) -> None:
+        self.reader.close()

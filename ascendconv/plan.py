@@ -1,0 +1,396 @@
+"""Pure planning: from headers and config alone, decide every tensor's fate and every shard.
+
+Nothing here reads tensor data or writes a file. `make_plan` is what `convert --dry-run` prints and
+what `convert` executes; `inspect` uses it to estimate what each scheme would produce.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass, field
+
+from ascendconv.errors import BadOptionError
+from ascendconv.formats.constants import FLOAT, GROUP_SIZE, W4A8_MXFP, W8A8_MXFP8
+from ascendconv.io.safetensors import TensorEntry, TensorSpec, tensor_nbytes
+from ascendconv.io.source import Fp8Linear
+
+SCHEMES = ("w8a8-mxfp8", "w4a8-mxfp", "w4a8-mxfp-moe")
+QUANT_TYPES = (FLOAT, W8A8_MXFP8, W4A8_MXFP)
+RANK = {t: i for i, t in enumerate(QUANT_TYPES)}  # msModelSlim's priority order, lowest first
+RESOLVE_DTYPES = ("bf16", "fp32")
+
+SHARD_NAME = "quant_model_weights-{:05d}-of-{:05d}.safetensors"
+SINGLE_SHARD_NAME = "quant_model_weights.safetensors"
+INDEX_NAME = "quant_model_weights.safetensors.index.json"
+DESCRIPTION_NAME = "quant_model_description.json"
+PROVENANCE_NAME = "ascendconv_provenance.json"
+DEFAULT_MAX_SHARD_SIZE = 4 * 1024**3  # msModelSlim's part_file_size
+
+ROUTED_EXPERT = re.compile(r"^(?P<layer>.*\.mlp)\.experts\.\d+\.(gate_proj|up_proj|down_proj)$")
+# Modules the runtime fuses into one parameter: they must share one type (spec section 3).
+PACKED_GROUPS = (
+    (re.compile(r"^(?P<base>.*)\.(q_proj|k_proj|v_proj)$"), "qkv_proj"),
+    (re.compile(r"^(?P<base>.*)\.(gate_proj|up_proj)$"), "gate_up_proj"),
+    (re.compile(r"^(?P<base>.*)\.(q_a_proj|kv_a_proj_with_mqa)$"), "fused_qkv_a_proj"),
+)
+# vllm-ascend absorbs MLA's kv_b_proj into attention and keeps it in float (spec section 3).
+FLOAT_BY_DEFAULT = re.compile(r"\.kv_b_proj$")
+
+# Files of the source directory never carried into the package: weights in any format, and the
+# source's own index. vLLM loads every *.safetensors in the directory.
+WEIGHT_FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf", ".onnx")
+SKIPPED_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+@dataclass(frozen=True)
+class Override:
+    glob: str
+    quant_type: str
+
+    @classmethod
+    def parse(cls, text: str) -> "Override":
+        glob, sep, quant_type = text.rpartition("=")
+        if not sep or not glob:
+            raise BadOptionError(f"--override {text!r}: expected GLOB=TYPE", "e.g. --override 'model.layers.0.*=FLOAT'")
+        if quant_type not in QUANT_TYPES:
+            raise BadOptionError(
+                f"--override {text!r}: unknown type {quant_type!r}", f"TYPE is one of {', '.join(QUANT_TYPES)}"
+            )
+        return cls(glob, quant_type)
+
+
+def packed_group(prefix: str) -> str:
+    """The group a module's type is decided with: a whole MoE layer, a packed set, or itself."""
+    routed = ROUTED_EXPERT.match(prefix)
+    if routed:
+        return routed["layer"] + ".experts"
+    for pattern, fused in PACKED_GROUPS:
+        match = pattern.match(prefix)
+        if match:
+            return f"{match['base']}.{fused}"
+    return prefix
+
+
+def is_routed_expert(prefix: str) -> bool:
+    return ROUTED_EXPERT.match(prefix) is not None
+
+
+def requested_type(prefix: str, scheme: str, overrides: list[Override]) -> tuple[str, str]:
+    """The type the user asked for and where that came from."""
+    if scheme == "w8a8-mxfp8":
+        wanted, why = W8A8_MXFP8, f"scheme {scheme}"
+    elif scheme == "w4a8-mxfp":
+        wanted, why = W4A8_MXFP, f"scheme {scheme}"
+    else:
+        wanted = W4A8_MXFP if is_routed_expert(prefix) else W8A8_MXFP8
+        why = f"scheme {scheme}"
+    if FLOAT_BY_DEFAULT.search(prefix):
+        wanted, why = FLOAT, "kv_b_proj stays FLOAT (vllm-ascend absorbs it into MLA attention)"
+    for override in overrides:
+        if fnmatch.fnmatchcase(prefix, override.glob):
+            wanted, why = override.quant_type, f"--override {override.glob}={override.quant_type}"
+    return wanted, why
+
+
+def alignment_problem(quant_type: str, k: int, routed: bool) -> str | None:
+    """Why a weight with reduction size K cannot take `quant_type`, or None if it can."""
+    if quant_type == W4A8_MXFP and k % (2 * GROUP_SIZE):
+        return f"K={k} is not a multiple of 64 (W4A8_MXFP pairs scale groups)"
+    if quant_type == W8A8_MXFP8:
+        if routed and k % (2 * GROUP_SIZE):
+            return f"K={k} is not a multiple of 64 (MoE experts pair scale groups)"
+        if k % GROUP_SIZE:
+            return f"K={k} is not a multiple of 32"
+    return None
+
+
+def best_feasible(requested: str, k: int, routed: bool) -> tuple[str, str | None]:
+    """Walk the fallback chain W4A8_MXFP -> W8A8_MXFP8 -> FLOAT down to the first type that fits."""
+    chain = [t for t in (W4A8_MXFP, W8A8_MXFP8, FLOAT) if RANK[t] <= RANK[requested]]
+    first_reason = None
+    for quant_type in chain:
+        problem = alignment_problem(quant_type, k, routed)
+        if problem is None:
+            return quant_type, first_reason
+        first_reason = first_reason or problem
+    raise AssertionError("FLOAT always fits")
+
+
+@dataclass(frozen=True)
+class ModuleDecision:
+    module: str
+    group: str
+    shape: tuple[int, int]
+    requested: str
+    written: str
+    reason: str  # why `written`, in words
+
+    @property
+    def is_fallback(self) -> bool:
+        return self.written != self.requested
+
+    def to_dict(self) -> dict:
+        return {"module": self.module, "requested": self.requested, "written": self.written, "reason": self.reason}
+
+
+def decide_modules(linears: dict[str, Fp8Linear], scheme: str, overrides: list[Override]) -> dict[str, ModuleDecision]:
+    if scheme not in SCHEMES:
+        raise BadOptionError(f"unknown scheme {scheme!r}", f"choose one of {', '.join(SCHEMES)}")
+    wants: dict[str, tuple[str, str]] = {}
+    fits: dict[str, tuple[str, str | None]] = {}
+    groups: dict[str, list[str]] = {}
+    for prefix, linear in linears.items():
+        wants[prefix] = requested_type(prefix, scheme, overrides)
+        fits[prefix] = best_feasible(wants[prefix][0], linear.shape[1], is_routed_expert(prefix))
+        groups.setdefault(packed_group(prefix), []).append(prefix)
+
+    decisions: dict[str, ModuleDecision] = {}
+    for group, members in groups.items():
+        group_type = min((fits[m][0] for m in members), key=RANK.__getitem__)
+        limiting = next(m for m in members if fits[m][0] == group_type)
+        for prefix in members:
+            requested, why = wants[prefix]
+            if group_type == requested:
+                reason = why
+            elif fits[prefix][0] == group_type and fits[prefix][1]:
+                reason = fits[prefix][1]
+            elif fits[limiting][1]:
+                reason = f"packed with {limiting}: {fits[limiting][1]}"
+            else:
+                reason = f"packed with {limiting}, which was requested as {wants[limiting][0]}"
+            decisions[prefix] = ModuleDecision(
+                prefix, group, linears[prefix].shape, requested, group_type, reason
+            )
+    return decisions
+
+
+@dataclass(frozen=True)
+class OutputTensor:
+    """One tensor of the package and how it is made from the source.
+
+    kind: "copy" (bytes as they are), "resolve" (FP8 -> BF16 FLOAT), "mx_weight" / "mx_scale" (the
+    two halves of an MX linear), "bias_f32" (an MX layer's bias, cast to float32).
+    """
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    quant_type: str
+    kind: str
+    source: str
+    shard: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return tensor_nbytes(self.dtype, self.shape)
+
+    @property
+    def spec(self) -> TensorSpec:
+        return TensorSpec(self.name, self.dtype, self.shape)
+
+
+@dataclass
+class ShardPlan:
+    file: str
+    tensors: list[OutputTensor] = field(default_factory=list)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+
+@dataclass
+class Plan:
+    scheme: str
+    scale_rule: str
+    resolve_dtype: str
+    max_shard_size: int
+    decisions: dict[str, ModuleDecision]
+    tensors: list[OutputTensor]
+    shards: list[ShardPlan]
+    copied_files: list[str]
+    bytes_in: int
+
+    @property
+    def fallbacks(self) -> list[ModuleDecision]:
+        return [d for d in self.decisions.values() if d.is_fallback]
+
+    @property
+    def bytes_out(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+    @property
+    def model_quant_type(self) -> str:
+        present = {t.quant_type for t in self.tensors}
+        return max(present, key=RANK.__getitem__) if present else FLOAT
+
+    def type_counts(self) -> dict[str, int]:
+        """Source linears per written type (how many modules became what)."""
+        counts = {t: 0 for t in QUANT_TYPES}
+        for decision in self.decisions.values():
+            counts[decision.written] += 1
+        return counts
+
+    def tensor_counts(self) -> dict[str, int]:
+        """Package tensors per description label."""
+        counts = {t: 0 for t in QUANT_TYPES}
+        for tensor in self.tensors:
+            counts[tensor.quant_type] += 1
+        return counts
+
+    def description(self) -> dict:
+        entries = {t.name: t.quant_type for t in sorted(self.tensors, key=lambda t: t.name)}
+        return {
+            **entries,
+            "version": "1.0.0",
+            "model_quant_type": self.model_quant_type,
+            "metadata": {},
+            "group_size": GROUP_SIZE,
+            "optional": {},
+        }
+
+    def index(self) -> dict | None:
+        if self.max_shard_size == 0:
+            return None
+        weight_map = {t.name: self.shards[t.shard].file for t in sorted(self.tensors, key=lambda t: t.name)}
+        return {"metadata": {"total_size": self.bytes_out}, "weight_map": weight_map}
+
+    def to_dict(self) -> dict:
+        return {
+            "scheme": self.scheme,
+            "scale_rule": self.scale_rule,
+            "resolve_dtype": self.resolve_dtype,
+            "model_quant_type": self.model_quant_type,
+            "modules": self.type_counts(),
+            "tensors": self.tensor_counts(),
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "fallbacks": [d.to_dict() for d in self.fallbacks],
+            "shards": [{"file": s.file, "tensors": len(s.tensors), "bytes": s.nbytes} for s in self.shards],
+            "copied_files": self.copied_files,
+        }
+
+
+def output_tensors(
+    tensors: dict[str, TensorEntry], linears: dict[str, Fp8Linear], decisions: dict[str, ModuleDecision]
+) -> list[OutputTensor]:
+    """Every package tensor, in source order so that reading the source stays sequential."""
+    by_weight = {linear.weight.name: linear for linear in linears.values()}
+    scales = {linear.scale.name for linear in linears.values()}
+    mx_biases = {
+        linear.bias.name for linear in linears.values() if linear.bias and decisions[linear.prefix].written != FLOAT
+    }
+    out: list[OutputTensor] = []
+    for name, entry in tensors.items():
+        if name in scales:
+            continue
+        linear = by_weight.get(name)
+        if linear is None:
+            if name in mx_biases:
+                out.append(OutputTensor(name, "F32", entry.shape, FLOAT, "bias_f32", name))
+            else:
+                out.append(OutputTensor(name, entry.dtype, entry.shape, FLOAT, "copy", name))
+            continue
+        written = decisions[linear.prefix].written
+        n, k = linear.shape
+        scale_name = linear.prefix + ".weight_scale"
+        if written == FLOAT:
+            out.append(OutputTensor(name, "BF16", (n, k), FLOAT, "resolve", name))
+        elif written == W8A8_MXFP8:
+            out.append(OutputTensor(name, "F8_E4M3", (n, k), written, "mx_weight", name))
+            out.append(OutputTensor(scale_name, "U8", (n, k // GROUP_SIZE), written, "mx_scale", name))
+        else:
+            out.append(OutputTensor(name, "U8", (n, k // 2), written, "mx_weight", name))
+            out.append(OutputTensor(scale_name, "U8", (n, k // GROUP_SIZE), written, "mx_scale", name))
+    return out
+
+
+def assign_shards(tensors: list[OutputTensor], max_shard_size: int) -> tuple[list[OutputTensor], list[ShardPlan]]:
+    """Fill shards in write order; cut before a tensor that would take a shard past the limit.
+
+    An MX weight and its scale stay in one shard: they are produced together.
+    """
+    if max_shard_size == 0:
+        return tensors, [ShardPlan(SINGLE_SHARD_NAME, list(tensors))]
+    bins: list[list[OutputTensor]] = [[]]
+    size = 0
+    i = 0
+    while i < len(tensors):
+        unit = tensors[i : i + 2] if tensors[i].kind == "mx_weight" else tensors[i : i + 1]
+        unit_size = sum(t.nbytes for t in unit)
+        if bins[-1] and size + unit_size > max_shard_size:
+            bins.append([])
+            size = 0
+        bins[-1].extend(unit)
+        size += unit_size
+        i += len(unit)
+    total = len(bins)
+    placed: list[OutputTensor] = []
+    shards = []
+    for number, members in enumerate(bins):
+        shard = ShardPlan(SHARD_NAME.format(number + 1, total))
+        for tensor in members:
+            tensor = OutputTensor(**{**tensor.__dict__, "shard": number})
+            shard.tensors.append(tensor)
+            placed.append(tensor)
+        shards.append(shard)
+    return placed, shards
+
+
+def files_to_copy(names: list[str]) -> list[str]:
+    """Top-level source files the package carries: configs, tokenizer, templates, code, docs."""
+    keep = []
+    for name in sorted(names):
+        lower = name.lower()
+        if name.startswith(".") or lower.endswith(WEIGHT_FILE_SUFFIXES) or name in SKIPPED_FILES:
+            continue
+        keep.append(name)
+    return keep
+
+
+def make_plan(
+    tensors: dict[str, TensorEntry],
+    linears: dict[str, Fp8Linear],
+    source_files: list[str],
+    bytes_in: int,
+    scheme: str = "w8a8-mxfp8",
+    scale_rule: str = "mse",
+    resolve_dtype: str = "bf16",
+    overrides: list[Override] | None = None,
+    max_shard_size: int = DEFAULT_MAX_SHARD_SIZE,
+) -> Plan:
+    from ascendconv.formats.constants import SCALE_RULES
+
+    if scale_rule not in SCALE_RULES:
+        raise BadOptionError(f"unknown scale rule {scale_rule!r}", f"choose one of {', '.join(SCALE_RULES)}")
+    if resolve_dtype not in RESOLVE_DTYPES:
+        raise BadOptionError(f"unknown resolve dtype {resolve_dtype!r}", "choose bf16 or fp32")
+    if max_shard_size < 0:
+        raise BadOptionError("--max-shard-size must not be negative")
+    decisions = decide_modules(linears, scheme, overrides or [])
+    placed, shards = assign_shards(output_tensors(tensors, linears, decisions), max_shard_size)
+    return Plan(
+        scheme=scheme,
+        scale_rule=scale_rule,
+        resolve_dtype=resolve_dtype,
+        max_shard_size=max_shard_size,
+        decisions=decisions,
+        tensors=placed,
+        shards=shards,
+        copied_files=files_to_copy(source_files),
+        bytes_in=bytes_in,
+    )
+
+
+_SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+               "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_size(text: str) -> int:
+    """'4GiB', '500MB', '0' -> bytes."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
+    unit = match[2].upper() if match else None
+    if not match or unit not in _SIZE_UNITS:
+        raise BadOptionError(f"cannot read size {text!r}", "use a number with an optional unit: 500MB, 2GiB, 0")
+    return int(float(match[1]) * _SIZE_UNITS[unit])

@@ -1,0 +1,67 @@
+"""Shared helpers: the bundled fixtures, a converted-package cache, and shard surgery for bad inputs."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ascendconv.io.safetensors import NUMPY_DTYPES, ShardWriter, TensorReader, TensorSpec, read_header
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+FIXTURE_NAMES = ("qwen3-dense-fp8", "qwen3-moe-fp8", "deepseek-v3-fp8")
+SCHEMES = ("w8a8-mxfp8", "w4a8-mxfp", "w4a8-mxfp-moe")
+RULES = ("floor", "rceil", "mse")
+
+
+def load_shard(path: Path) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
+    """name -> (dtype, shape, raw bytes), in file order."""
+    header = read_header(path)
+    with TensorReader() as reader:
+        ordered = sorted(header.tensors.values(), key=lambda e: e.offset)
+        return {e.name: (e.dtype, e.shape, bytes(reader.read_bytes(e))) for e in ordered}
+
+
+def save_shard(path: Path, tensors: dict[str, tuple[str, tuple[int, ...], bytes]]) -> None:
+    writer = ShardWriter(path, [TensorSpec(n, d, tuple(s)) for n, (d, s, _) in tensors.items()])
+    for name, (_, _, data) in tensors.items():
+        writer.write(name, data)
+    writer.close()
+
+
+def as_array(entry: tuple[str, tuple[int, ...], bytes]) -> np.ndarray:
+    dtype, shape, data = entry
+    return np.frombuffer(data, NUMPY_DTYPES[dtype]).reshape(shape)
+
+
+@pytest.fixture
+def fixture_copy(tmp_path):
+    """A writable copy of a bundled fixture: fixture_copy('qwen3-dense-fp8') -> Path."""
+
+    def make(name: str) -> Path:
+        target = tmp_path / "src" / name
+        shutil.copytree(FIXTURES / name, target)
+        return target
+
+    return make
+
+
+_converted: dict[tuple, Path] = {}
+
+
+@pytest.fixture(scope="session")
+def converted(tmp_path_factory):
+    """Convert a fixture once per session per option set: converted(fixture, scheme, rule, **kw) -> Path."""
+    from ascendconv.convert import ConvertOptions, convert
+
+    def make(fixture: str, scheme: str = "w8a8-mxfp8", rule: str = "mse", **options) -> Path:
+        key = (fixture, scheme, rule, tuple(sorted(options.items())))
+        if key not in _converted:
+            out = tmp_path_factory.mktemp("pkg") / "out"
+            convert(FIXTURES / fixture, out, ConvertOptions(scheme=scheme, scale_rule=rule, **options))
+            _converted[key] = out
+        return _converted[key]
+
+    return make

@@ -1,0 +1,182 @@
+"""Every source error of spec section 1 fails with exit code 3, names file and tensor, leaves no OUT."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from ascendconv.cli import app
+from conftest import load_shard, save_shard
+
+runner = CliRunner()
+DENSE = "qwen3-dense-fp8"
+Q = "model.layers.0.self_attn.q_proj"
+
+
+def run_convert(src, out, *extra):
+    return runner.invoke(app, ["convert", str(src), str(out), "--quiet", *extra])
+
+
+def edit_dense(src, edit):
+    shard = src / "model.safetensors"
+    tensors = load_shard(shard)
+    edit(tensors)
+    save_shard(shard, tensors)
+
+
+def drop(name):
+    return lambda t: t.pop(name)
+
+
+def retype_scale(t):
+    dtype, shape, data = t[Q + ".weight_scale_inv"]
+    values = np.frombuffer(data, np.uint16).astype(np.float16)  # any 2-byte dtype that is not BF16
+    t[Q + ".weight_scale_inv"] = ("F16", shape, values.tobytes())
+
+
+def reshape_scale(t):
+    dtype, shape, data = t[Q + ".weight_scale_inv"]
+    t[Q + ".weight_scale_inv"] = (dtype, (shape[0] * shape[1], 1), data)
+
+
+def nan_scale(t):
+    dtype, shape, data = t[Q + ".weight_scale_inv"]
+    raw = bytearray(data)
+    raw[0:2] = b"\xc0\x7f"  # BF16 NaN
+    t[Q + ".weight_scale_inv"] = (dtype, shape, bytes(raw))
+
+
+def nan_code(t):
+    dtype, shape, data = t[Q + ".weight"]
+    raw = bytearray(data)
+    raw[3 * shape[1] + 5] = 0x7F
+    t[Q + ".weight"] = (dtype, shape, bytes(raw))
+
+
+@pytest.mark.parametrize(
+    "edit,error,words",
+    [
+        (drop(Q + ".weight_scale_inv"), "MissingScaleError", [Q + ".weight", "model.safetensors"]),
+        (drop(Q + ".weight"), "OrphanScaleError", [Q + ".weight_scale_inv", "model.safetensors"]),
+        (retype_scale, "ScaleDtypeError", [Q + ".weight_scale_inv", "F16"]),
+        (reshape_scale, "ScaleShapeError", [Q + ".weight_scale_inv", "expected [2, 2]"]),
+        (nan_scale, "NonFiniteScaleError", [Q + ".weight_scale_inv", "nan"]),
+        (nan_code, "NaNCodeError", [Q + ".weight", "0x7F", "row 3, column 5"]),
+    ],
+)
+def test_named_source_errors(fixture_copy, tmp_path, edit, error, words):
+    src = fixture_copy(DENSE)
+    edit_dense(src, edit)
+    out = tmp_path / "out"
+    result = run_convert(src, out, "--json")
+    assert result.exit_code == 3, result.output
+    report = json.loads(result.stdout.strip().splitlines()[0])
+    assert report["error"] == error
+    for word in words:
+        assert word in report["message"], (word, report["message"])
+    assert not out.exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")] == []
+
+
+def test_truncated_shard(fixture_copy, tmp_path):
+    src = fixture_copy(DENSE)
+    shard = src / "model.safetensors"
+    shard.write_bytes(shard.read_bytes()[:-1000])
+    result = run_convert(src, tmp_path / "out")
+    assert result.exit_code == 3
+    assert "model.safetensors" in result.stderr and "truncated" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_corrupt_header(fixture_copy, tmp_path):
+    src = fixture_copy(DENSE)
+    shard = src / "model.safetensors"
+    raw = bytearray(shard.read_bytes())
+    raw[8:12] = b"\xff\xfe{["
+    shard.write_bytes(bytes(raw))
+    result = run_convert(src, tmp_path / "out")
+    assert result.exit_code == 3
+    assert "model.safetensors" in result.stderr and "not valid JSON" in result.stderr
+
+
+def test_shard_named_in_index_but_missing(fixture_copy, tmp_path):
+    src = fixture_copy("qwen3-moe-fp8")
+    (src / "model-00002-of-00003.safetensors").unlink()
+    result = run_convert(src, tmp_path / "out", "--json")
+    assert result.exit_code == 3
+    report = json.loads(result.stdout.splitlines()[0])
+    assert report["error"] == "MissingShardError" and "model-00002-of-00003.safetensors" in report["message"]
+
+
+def test_tensor_named_twice(fixture_copy, tmp_path):
+    src = fixture_copy(DENSE)
+    tensors = load_shard(src / "model.safetensors")
+    save_shard(src / "extra.safetensors", {Q + ".weight": tensors[Q + ".weight"]})
+    result = run_convert(src, tmp_path / "out", "--json")
+    assert result.exit_code == 3
+    report = json.loads(result.stdout.splitlines()[0])
+    assert report["error"] == "DuplicateTensorError" and Q + ".weight" in report["message"]
+    assert "extra.safetensors" in report["message"] and "model.safetensors" in report["message"]
+
+
+@pytest.mark.parametrize(
+    "quant,error",
+    [
+        (None, "no quantization_config"),
+        ({"quant_method": "fp8", "activation_scheme": "dynamic"}, "no weight_block_size"),
+        ({"quant_method": "fp8", "weight_block_size": [128, 128], "activation_scheme": "static"}, "activation_scheme"),
+        ({"quant_method": "awq"}, "expected 'fp8'"),
+    ],
+)
+def test_not_a_block_fp8_checkpoint(fixture_copy, tmp_path, quant, error):
+    src = fixture_copy(DENSE)
+    config = json.loads((src / "config.json").read_text())
+    config.pop("quantization_config")
+    if quant is not None:
+        config["quantization_config"] = quant
+    (src / "config.json").write_text(json.dumps(config))
+    result = run_convert(src, tmp_path / "out")
+    assert result.exit_code == 3 and error in result.stderr and "config.json" in result.stderr
+
+
+def test_existing_output_is_refused_unless_overwrite(fixture_copy, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    result = run_convert(fixture_copy(DENSE), out)
+    assert result.exit_code == 2 and "not empty" in result.stderr
+    assert (out / "keep.txt").read_text() == "mine"
+    result = run_convert(fixture_copy(DENSE).parent / DENSE, out, "--overwrite")
+    assert result.exit_code == 0 and not (out / "keep.txt").exists()
+    assert (out / "quant_model_description.json").exists()
+
+
+def test_usage_errors_exit_2(fixture_copy, tmp_path):
+    src = fixture_copy(DENSE)
+    for extra in (["--scheme", "w2"], ["--scale-rule", "x"], ["--override", "bad"], ["--max-shard-size", "lots"]):
+        result = run_convert(src, tmp_path / "out", *extra)
+        assert result.exit_code == 2, (extra, result.output)
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_source_and_uncached_repo_id(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    result = run_convert(tmp_path / "nope", tmp_path / "out")
+    assert result.exit_code == 3 and "no such directory" in result.stderr
+    result = run_convert("someorg/somemodel-FP8", tmp_path / "out", "--json")
+    assert result.exit_code == 3
+    assert json.loads(result.stdout.splitlines()[0])["error"] == "NotCachedError"
+
+
+def test_header_length_beyond_file(fixture_copy, tmp_path):
+    src = fixture_copy(DENSE)
+    shard = src / "model.safetensors"
+    raw = bytearray(shard.read_bytes())
+    raw[:8] = struct.pack("<Q", len(raw) * 2)
+    shard.write_bytes(bytes(raw))
+    result = run_convert(src, tmp_path / "out")
+    assert result.exit_code == 3 and "does not fit" in result.stderr

@@ -1,0 +1,214 @@
+"""The pure planner: types, packed groups, fallbacks, shards, description (no files involved)."""
+
+import math
+from pathlib import Path
+
+import pytest
+
+from ascendconv.errors import BadOptionError
+from ascendconv.io.safetensors import TensorEntry, tensor_nbytes
+from ascendconv.io.source import pair_fp8_linears
+from ascendconv.plan import Override, assign_shards, files_to_copy, make_plan, packed_group, parse_size
+
+BLOCK = (128, 128)
+
+
+def entries(spec: dict[str, tuple[str, tuple[int, ...]]]) -> dict[str, TensorEntry]:
+    out, offset = {}, 0
+    for name, (dtype, shape) in spec.items():
+        nbytes = tensor_nbytes(dtype, shape)
+        out[name] = TensorEntry(name, dtype, shape, Path("model.safetensors"), offset, nbytes)
+        offset += nbytes
+    return out
+
+
+def fp8(prefix: str, n: int, k: int) -> dict:
+    return {
+        prefix + ".weight": ("F8_E4M3", (n, k)),
+        prefix + ".weight_scale_inv": ("F32", (math.ceil(n / 128), math.ceil(k / 128))),
+    }
+
+
+def plan_of(spec: dict, **options):
+    tensors = entries(spec)
+    return make_plan(tensors, pair_fp8_linears(tensors, BLOCK), ["config.json"], 0, **options)
+
+
+def moe_layer(down_k: int = 128) -> dict:
+    spec = {"model.embed_tokens.weight": ("BF16", (64, 256))}
+    spec.update(fp8("model.layers.0.self_attn.q_proj", 256, 256))
+    spec.update(fp8("model.layers.0.self_attn.k_proj", 128, 256))
+    spec.update(fp8("model.layers.0.self_attn.v_proj", 128, 256))
+    spec.update(fp8("model.layers.0.self_attn.o_proj", 256, 256))
+    spec["model.layers.0.mlp.gate.weight"] = ("BF16", (2, 256))
+    for e in range(2):
+        spec.update(fp8(f"model.layers.0.mlp.experts.{e}.gate_proj", down_k, 256))
+        spec.update(fp8(f"model.layers.0.mlp.experts.{e}.up_proj", down_k, 256))
+        spec.update(fp8(f"model.layers.0.mlp.experts.{e}.down_proj", 256, down_k))
+    return spec
+
+
+def written(plan) -> dict[str, str]:
+    return {m: d.written for m, d in plan.decisions.items()}
+
+
+def test_packed_groups():
+    assert packed_group("model.layers.3.mlp.experts.17.down_proj") == "model.layers.3.mlp.experts"
+    assert packed_group("model.layers.3.self_attn.k_proj") == "model.layers.3.self_attn.qkv_proj"
+    assert packed_group("model.layers.3.mlp.shared_experts.up_proj") == "model.layers.3.mlp.shared_experts.gate_up_proj"
+    assert packed_group("model.layers.3.self_attn.kv_a_proj_with_mqa") == "model.layers.3.self_attn.fused_qkv_a_proj"
+    assert packed_group("model.layers.3.self_attn.o_proj") == "model.layers.3.self_attn.o_proj"
+
+
+def test_moe_scheme_puts_experts_in_w4a8_and_the_rest_in_w8a8():
+    plan = plan_of(moe_layer(), scheme="w4a8-mxfp-moe")
+    types = written(plan)
+    assert {t for m, t in types.items() if ".experts." in m} == {"W4A8_MXFP"}
+    assert {t for m, t in types.items() if ".experts." not in m} == {"W8A8_MXFP8"}
+    assert plan.model_quant_type == "W4A8_MXFP" and plan.fallbacks == []
+    by_name = {t.name: t for t in plan.tensors}
+    down = by_name["model.layers.0.mlp.experts.1.down_proj.weight"]
+    assert (down.dtype, down.shape) == ("U8", (256, 64))
+    assert by_name["model.layers.0.mlp.experts.1.down_proj.weight_scale"].shape == (256, 4)
+    q = by_name["model.layers.0.self_attn.q_proj.weight"]
+    assert (q.dtype, q.shape, q.quant_type) == ("F8_E4M3", (256, 256), "W8A8_MXFP8")
+    assert "model.layers.0.self_attn.q_proj.weight_scale_inv" not in by_name
+    assert by_name["model.layers.0.mlp.gate.weight"].quant_type == "FLOAT"
+
+
+def test_one_misaligned_expert_takes_the_whole_moe_layer_down_the_chain():
+    spec = moe_layer()
+    spec.update(fp8("model.layers.0.mlp.experts.1.down_proj", 256, 96))  # K=96: %32 ok, %64 not
+    plan = plan_of(spec, scheme="w4a8-mxfp")
+    types = written(plan)
+    # MoE experts need K % 64 even in W8A8, so the whole layer ends as FLOAT, together.
+    assert {t for m, t in types.items() if ".experts." in m} == {"FLOAT"}
+    reasons = {d.module: d.reason for d in plan.fallbacks}
+    assert "K=96 is not a multiple of 64" in reasons["model.layers.0.mlp.experts.1.down_proj"]
+    assert reasons["model.layers.0.mlp.experts.0.gate_proj"].startswith("packed with model.layers.0.mlp.experts.1.down_proj")
+    resolved = {t.name: t for t in plan.tensors}["model.layers.0.mlp.experts.0.up_proj.weight"]
+    assert (resolved.dtype, resolved.kind) == ("BF16", "resolve")
+
+
+def test_dense_down_proj_with_k_multiple_of_32_falls_back_to_w8a8_alone():
+    spec = fp8("model.layers.0.mlp.gate_proj", 352, 256)
+    spec.update(fp8("model.layers.0.mlp.up_proj", 352, 256))
+    spec.update(fp8("model.layers.0.mlp.down_proj", 256, 352))
+    plan = plan_of(spec, scheme="w4a8-mxfp")
+    assert written(plan) == {
+        "model.layers.0.mlp.gate_proj": "W4A8_MXFP",
+        "model.layers.0.mlp.up_proj": "W4A8_MXFP",
+        "model.layers.0.mlp.down_proj": "W8A8_MXFP8",
+    }
+    [fallback] = plan.fallbacks
+    assert fallback.to_dict() == {
+        "module": "model.layers.0.mlp.down_proj",
+        "requested": "W4A8_MXFP",
+        "written": "W8A8_MXFP8",
+        "reason": "K=352 is not a multiple of 64 (W4A8_MXFP pairs scale groups)",
+    }
+
+
+def test_override_on_one_member_moves_its_packed_group_and_later_overrides_win():
+    plan = plan_of(
+        moe_layer(),
+        scheme="w8a8-mxfp8",
+        overrides=[Override.parse("*.k_proj=FLOAT"), Override.parse("*.o_proj=FLOAT"), Override.parse("*.o_proj=W4A8_MXFP")],
+    )
+    types = written(plan)
+    assert types["model.layers.0.self_attn.q_proj"] == "FLOAT"
+    assert types["model.layers.0.self_attn.v_proj"] == "FLOAT"
+    assert types["model.layers.0.self_attn.o_proj"] == "W4A8_MXFP"
+    q = plan.decisions["model.layers.0.self_attn.q_proj"]
+    assert q.is_fallback and "packed with model.layers.0.self_attn.k_proj" in q.reason
+
+
+def test_kv_b_proj_stays_float_unless_overridden():
+    spec = fp8("model.layers.0.self_attn.kv_b_proj", 256, 512)
+    assert written(plan_of(spec, scheme="w8a8-mxfp8")) == {"model.layers.0.self_attn.kv_b_proj": "FLOAT"}
+    plan = plan_of(spec, scheme="w8a8-mxfp8", overrides=[Override.parse("*.kv_b_proj=W8A8_MXFP8")])
+    assert written(plan) == {"model.layers.0.self_attn.kv_b_proj": "W8A8_MXFP8"}
+
+
+def test_bias_of_an_mx_layer_becomes_float32():
+    spec = fp8("m.o_proj", 256, 256)
+    spec["m.o_proj.bias"] = ("BF16", (256,))
+    bias = {t.name: t for t in plan_of(spec).tensors}["m.o_proj.bias"]
+    assert (bias.dtype, bias.kind, bias.quant_type) == ("F32", "bias_f32", "FLOAT")
+    bias = {t.name: t for t in plan_of(spec, overrides=[Override.parse("m.*=FLOAT")]).tensors}["m.o_proj.bias"]
+    assert (bias.dtype, bias.kind) == ("BF16", "copy")
+
+
+def test_description_index_and_model_quant_type():
+    plan = plan_of(moe_layer(), scheme="w8a8-mxfp8", max_shard_size=0)
+    description = plan.description()
+    assert list(description)[-5:] == ["version", "model_quant_type", "metadata", "group_size", "optional"]
+    assert description["model_quant_type"] == "W8A8_MXFP8" and description["group_size"] == 32
+    assert description["model.layers.0.self_attn.q_proj.weight_scale"] == "W8A8_MXFP8"
+    assert description["model.embed_tokens.weight"] == "FLOAT"
+    assert plan.index() is None and [s.file for s in plan.shards] == ["quant_model_weights.safetensors"]
+    all_float = plan_of(moe_layer(), overrides=[Override.parse("*=FLOAT")])
+    assert all_float.model_quant_type == "FLOAT"
+
+
+def test_shards_cut_before_the_limit_keep_mx_pairs_together_and_number_from_one():
+    plan = plan_of(moe_layer(), scheme="w8a8-mxfp8", max_shard_size=70_000)
+    assert all(s.nbytes <= 70_000 or len(s.tensors) <= 2 for s in plan.shards)
+    n = len(plan.shards)
+    assert n > 2 and [s.file for s in plan.shards] == [
+        f"quant_model_weights-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)
+    ]
+    for shard in plan.shards:
+        names = [t.name for t in shard.tensors]
+        for name in names:
+            if name.endswith(".weight_scale"):
+                assert name[: -len("_scale")] in names
+    index = plan.index()
+    assert index["metadata"]["total_size"] == plan.bytes_out
+    assert set(index["weight_map"]) == {t.name for t in plan.tensors}
+    order = [t.name for s in plan.shards for t in s.tensors]
+    assert order == [t.name for t in plan.tensors]
+
+
+def test_a_tensor_larger_than_the_limit_gets_a_shard_of_its_own():
+    spec = {"a": ("U8", (10,)), "big": ("U8", (1000,)), "b": ("U8", (10,))}
+    plan = plan_of(spec, max_shard_size=100)
+    assert [[t.name for t in s.tensors] for s in plan.shards] == [["a"], ["big"], ["b"]]
+    placed, shards = assign_shards([], 100)
+    assert placed == [] and len(shards) == 1
+
+
+def test_files_to_copy_keeps_tokenizer_code_and_templates_but_no_weights():
+    names = [
+        "config.json", "model-00001-of-00002.safetensors", "model.safetensors.index.json", "tokenizer.model",
+        "vocab.tiktoken", "configuration_deepseek.py", "chat_template.jinja", "pytorch_model.bin", ".gitattributes",
+        "merges.txt", "preprocessor_config.json",
+    ]
+    assert files_to_copy(names) == [
+        "chat_template.jinja", "config.json", "configuration_deepseek.py", "merges.txt",
+        "preprocessor_config.json", "tokenizer.model", "vocab.tiktoken",
+    ]
+
+
+@pytest.mark.parametrize("text,value", [("0", 0), ("500MB", 500 * 10**6), ("2GiB", 2 * 2**30), ("4gib", 4 * 2**30), ("123", 123)])
+def test_parse_size(text, value):
+    assert parse_size(text) == value
+
+
+@pytest.mark.parametrize("bad", ["", "GiB", "-1", "5 parsecs"])
+def test_parse_size_refuses(bad):
+    with pytest.raises(BadOptionError):
+        parse_size(bad)
+
+
+@pytest.mark.parametrize("bad", ["nothing", "=FLOAT", "*.q_proj=W4A4"])
+def test_override_parse_refuses(bad):
+    with pytest.raises(BadOptionError):
+        Override.parse(bad)
+
+
+def test_unknown_scheme_and_rule_are_usage_errors():
+    with pytest.raises(BadOptionError, match="scheme"):
+        plan_of(moe_layer(), scheme="w2a2")
+    with pytest.raises(BadOptionError, match="scale rule"):
+        plan_of(moe_layer(), scale_rule="ceil")
