@@ -9,6 +9,7 @@ from typing import Callable, List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 
@@ -44,9 +45,10 @@ def run(action: Callable[[], object], as_json: bool) -> object:
     except AscendconvError as exc:
         if as_json:
             print(json.dumps({"ok": False, **exc.to_dict()}))
-        err.print(f"[bold red]error:[/] {exc.message}", highlight=False)
+        # soft_wrap: a message names files and tensors; never break it inside a name
+        err.print(f"[bold red]error:[/] {escape(exc.message)}", highlight=False, soft_wrap=True)
         if exc.hint:
-            err.print(f"[dim]hint:[/] {exc.hint}", highlight=False)
+            err.print(f"[dim]hint:[/] {escape(exc.hint)}", highlight=False, soft_wrap=True)
         raise typer.Exit(exc.exit_code)
     except KeyboardInterrupt:
         err.print("[bold red]interrupted[/]: nothing was left at the output path")

@@ -63,7 +63,7 @@ def nan_code(t):
         (drop(Q + ".weight_scale_inv"), "MissingScaleError", [Q + ".weight", "model.safetensors"]),
         (drop(Q + ".weight"), "OrphanScaleError", [Q + ".weight_scale_inv", "model.safetensors"]),
         (retype_scale, "ScaleDtypeError", [Q + ".weight_scale_inv", "F16"]),
-        (reshape_scale, "ScaleShapeError", [Q + ".weight_scale_inv", "expected [2, 2]"]),
+        (reshape_scale, "ScaleShapeError", [Q + ".weight_scale_inv", "has shape [2, 1], expected [1, 2]"]),
         (nan_scale, "NonFiniteScaleError", [Q + ".weight_scale_inv", "nan"]),
         (nan_code, "NaNCodeError", [Q + ".weight", "0x7F", "row 3, column 5"]),
     ],

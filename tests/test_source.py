@@ -1,0 +1,95 @@
+"""The source reader on the bundled fixtures, config variants, index problems and the HF cache."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ascendconv.errors import ConfigError, IndexMismatchError, NotBlockFP8Error, NotCachedError, NotFoundError
+from ascendconv.io.hfcache import resolve_source
+from ascendconv.io.source import SourceCheckpoint, parse_block_fp8_config
+from conftest import FIXTURES
+
+
+def test_dense_fixture_has_bf16_scales_and_one_file():
+    source = SourceCheckpoint.open(FIXTURES / "qwen3-dense-fp8")
+    assert [h.path.name for h in source.headers] == ["model.safetensors"]
+    assert source.quant.block == (128, 128) and source.quant.location == "quantization_config"
+    assert {linear.scale.dtype for linear in source.linears.values()} == {"BF16"}
+    assert len(source.linears) == 14  # 2 layers x (q, k, v, o, gate, up, down)
+    down = source.linears["model.layers.1.mlp.down_proj"]
+    assert down.shape == (256, 160) and down.scale.shape == (2, 2)  # K % 32 == 0, K % 64 != 0
+
+
+def test_moe_fixture_pairs_a_weight_with_a_scale_in_another_shard():
+    source = SourceCheckpoint.open(FIXTURES / "qwen3-moe-fp8")
+    assert len(source.headers) == 3
+    split = [l for l in source.linears.values() if l.weight.path != l.scale.path]
+    assert split, "the fixture must hold a weight whose scale is in another shard"
+    assert {linear.scale.dtype for linear in source.linears.values()} == {"F32"}
+    assert "model.layers.0.self_attn.o_proj" not in source.linears  # left unquantized
+    assert source.tensors["model.layers.0.self_attn.o_proj.weight"].dtype == "BF16"
+    assert "model.layers.0.self_attn.o_proj" in source.quant.modules_to_not_convert
+
+
+def test_deepseek_fixture_ragged_mla_projection_and_power_of_two_scales():
+    source = SourceCheckpoint.open(FIXTURES / "deepseek-v3-fp8")
+    kv_a = source.linears["model.layers.0.self_attn.kv_a_proj_with_mqa"]
+    assert kv_a.shape == (576, 128) and kv_a.scale.shape == (5, 1)
+    assert source.quant.scale_fmt == "ue8m0"
+    import numpy as np
+
+    for linear in source.linears.values():
+        scale = source.read_scale(linear)
+        mantissa, _ = np.frexp(scale)
+        assert (mantissa == 0.5).all()
+    assert source.tensors["model.layers.1.mlp.gate.e_score_correction_bias"].dtype == "F32"
+
+
+def test_quantization_config_under_text_config_and_ignored_layers():
+    config = {"text_config": {"quantization_config": {
+        "quant_method": "fp8", "weight_block_size": [128, 64], "ignored_layers": ["lm_head"]}}}
+    quant = parse_block_fp8_config(config, FIXTURES / "config.json")
+    assert quant.block == (128, 64) and quant.modules_to_not_convert == ("lm_head",)
+    assert quant.location == "text_config.quantization_config"
+    with pytest.raises(ConfigError, match="weight_block_size"):
+        parse_block_fp8_config({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128]}}, FIXTURES)
+    with pytest.raises(NotBlockFP8Error, match="e5m2"):
+        parse_block_fp8_config({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128], "fmt": "e5m2"}}, FIXTURES)
+
+
+def test_index_that_disagrees_with_the_shards(fixture_copy):
+    src = fixture_copy("qwen3-moe-fp8")
+    index_path = src / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    name, file = next(iter(index["weight_map"].items()))
+    other = next(f for f in sorted(set(index["weight_map"].values())) if f != file)
+    index["weight_map"][name] = other
+    index_path.write_text(json.dumps(index))
+    with pytest.raises(IndexMismatchError, match=f"{name}.*mapped to '{other}'"):
+        SourceCheckpoint.open(src)
+    del index["weight_map"][name]
+    index_path.write_text(json.dumps(index))
+    with pytest.raises(IndexMismatchError, match="missing from the index"):
+        SourceCheckpoint.open(src)
+
+
+def test_hf_cache_resolution(tmp_path, monkeypatch):
+    cache = tmp_path / "hub"
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    repo = cache / "models--Qwen--Qwen3-30B-A3B-FP8"
+    (repo / "snapshots" / "abc123").mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc123\n")
+    assert resolve_source("Qwen/Qwen3-30B-A3B-FP8") == repo / "snapshots" / "abc123"
+    assert resolve_source("Qwen/Qwen3-30B-A3B-FP8@abc123") == repo / "snapshots" / "abc123"
+    with pytest.raises(NotCachedError, match="revision 'v2'.*cached: abc123"):
+        resolve_source("Qwen/Qwen3-30B-A3B-FP8@v2")
+    with pytest.raises(NotCachedError, match="not in the Hugging Face cache"):
+        resolve_source("deepseek-ai/DeepSeek-V3")
+    with pytest.raises(NotFoundError):
+        resolve_source(str(tmp_path / "missing" / "dir"))
+    monkeypatch.delenv("HF_HUB_CACHE")
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    assert resolve_source("Qwen/Qwen3-30B-A3B-FP8") == repo / "snapshots" / "abc123"
