@@ -64,7 +64,7 @@ QWEN3_DENSE = {
     # Per-layer MLP width (config.json can only state layer 0's, 192):
     #  layer 0: gate/up [192, 256], down [256, 192]  K=192: %64 == 0, %128 != 0
     #  layer 1: gate/up [160, 256], down [256, 160]  K=160: %32 == 0, %64 != 0
-    #           (W4A8_MXFP cannot take it: the whole gate/up/down must fall back)
+    #           (W4A8_MXFP cannot take down_proj: it falls back to W8A8_MXFP8 alone)
     "intermediate": (192, 160),
     "attention_bias": True,  # q/k/v_proj.bias in BF16, to exercise bias handling
     "scale_dtype": "BF16",

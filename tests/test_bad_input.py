@@ -147,10 +147,11 @@ def test_existing_output_is_refused_unless_overwrite(fixture_copy, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    result = run_convert(fixture_copy(DENSE), out)
+    src = fixture_copy(DENSE)
+    result = run_convert(src, out)
     assert result.exit_code == 2 and "not empty" in result.stderr
     assert (out / "keep.txt").read_text() == "mine"
-    result = run_convert(fixture_copy(DENSE).parent / DENSE, out, "--overwrite")
+    result = run_convert(src, out, "--overwrite")
     assert result.exit_code == 0 and not (out / "keep.txt").exists()
     assert (out / "quant_model_description.json").exists()
 

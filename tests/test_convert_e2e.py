@@ -173,11 +173,11 @@ def test_single_file_package(tmp_path):
 
 
 def test_fp32_resolve_differs_from_bf16_only_where_rounding_matters(tmp_path):
+    # F32 tile scales: resolving to BF16 first rounds twice, which moves a few E4M3 codes
     bf16 = tmp_path / "bf16"
     fp32 = tmp_path / "fp32"
-    convert(FIXTURES / "qwen3-dense-fp8", bf16, ConvertOptions(resolve_dtype="bf16"))
-    convert(FIXTURES / "qwen3-dense-fp8", fp32, ConvertOptions(resolve_dtype="fp32"))
+    convert(FIXTURES / "qwen3-moe-fp8", bf16, ConvertOptions(resolve_dtype="bf16"))
+    convert(FIXTURES / "qwen3-moe-fp8", fp32, ConvertOptions(resolve_dtype="fp32"))
     a, b = package_tensors(bf16), package_tensors(fp32)
-    name = "model.layers.0.self_attn.q_proj.weight"
-    assert a[name].shape == b[name].shape
-    assert 0 < np.mean(a[name] != b[name]) < 0.5
+    differing = [np.mean(a[n] != b[n]) for n in a if n.endswith(".weight") and a[n].dtype == np.uint8]
+    assert differing and 0 < np.mean(differing) < 0.05

@@ -298,7 +298,9 @@ class ShardWriter:
         if spec is None or spec.name != name:
             expected = spec.name if spec else "nothing (the shard is full)"
             raise RuntimeError(f"{self.path}: write of {name!r} out of order, expected {expected}")
-        view = memoryview(np.ascontiguousarray(data) if isinstance(data, np.ndarray) else data).cast("B")
+        if isinstance(data, np.ndarray):  # as raw bytes: memoryview cannot export ml_dtypes (bfloat16)
+            data = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        view = memoryview(data).cast("B")
         if self._written + view.nbytes > spec.nbytes:
             raise RuntimeError(f"{self.path}: {name!r} overflows its {spec.nbytes} planned bytes")
         self._put(view)
