@@ -12,6 +12,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
+from rich import box
+from rich.cells import cell_len
+from rich.text import Text
 
 from ascendconv import __version__
 from ascendconv.errors import EXIT_INTERRUPTED, AscendconvError
@@ -160,6 +163,485 @@ def render_convert(result) -> None:
         for fb in plan.fallbacks:
             table.add_row(fb.module, fb.requested, fb.written, fb.reason)
         out.print(table)
+
+
+# --- inspect ------------------------------------------------------------------------------------
+
+
+@app.command("inspect")
+def inspect_command(
+    src: str = typer.Argument(..., metavar="PATH", help="A checkpoint or package directory, or a repo id in the local HF cache."),
+    tensors: bool = typer.Option(False, "--tensors", help="List tensors: name, dtype, shape, quant type, shard, bytes."),
+    tensor_filter: Optional[str] = typer.Option(
+        None, "--filter", metavar="GLOB", help="Only tensors whose name matches GLOB, e.g. '*.experts.0.*' (implies --tensors)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout (see docs/inspect.md)."),
+) -> None:
+    """Show what a checkpoint or a package holds, from headers only (no tensor data is read)."""
+    from ascendconv.inspect import inspect_path
+
+    glob = tensor_filter if tensor_filter is not None else ("*" if tensors else None)
+    report = run(lambda: inspect_path(src, tensors=glob), as_json)
+    if as_json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        render_inspect(report)
+
+
+_GAP = 2  # cells between two columns of an inspect table
+
+
+def elide_middle(text: str, width: int) -> str:
+    """`text` cut to `width` cells by replacing its middle with '…', so both ends stay readable.
+
+    A dotted name keeps its start through its first number or '*' ('model.layers.12') and gives the
+    rest of the room to its end, which says what the tensor is; other text is cut in the middle.
+    A number is never cut in two (a partial 'layers.1' of 'layers.12' would mislead), so the result
+    can be a cell or two shorter than `width`.
+    """
+    if cell_len(text) <= width:
+        return text
+    if width <= 1:
+        return "…"[:max(width, 0)]
+    head = (width - 1) // 2
+    parts = text.split(".")
+    for i, part in enumerate(parts[:-1]):
+        if part.isdigit() or part == "*":
+            head = min(head, len(".".join(parts[: i + 1])))
+            break
+    while 0 < head < len(text) and text[head - 1].isdigit() and text[head].isdigit():
+        head -= 1
+    start = len(text) - (width - 1 - head)
+    while 0 < start < len(text) and text[start - 1].isdigit() and text[start].isdigit():
+        start += 1
+    if start < len(text) and text[start] == ".":  # '…' already marks the cut
+        start += 1
+    tail = len(text) - start
+    return text[:head] + "…" + (text[-tail:] if tail else "")
+
+
+def _fit_table(
+    console: Console,
+    headers: list[str],
+    rows: list[list[str]],
+    right: tuple[int, ...] = (),
+    elide: int | None = 0,
+    wrap: int | None = None,
+    gap: int = _GAP,
+) -> Table:
+    """A borderless table no wider than the console: column `elide` is cut in the middle to the room
+    the other columns leave; column `wrap` (if any) wraps its words; the rest keep their width."""
+    widths = [
+        max([cell_len(h)] + [cell_len(line) for row in rows for line in row[i].split("\n")])
+        for i, h in enumerate(headers)
+    ]
+    room = console.width - gap * (len(headers) - 1)
+    fixed = sum(w for i, w in enumerate(widths) if i not in (elide, wrap))
+    if wrap is not None:
+        wrap_min = min(widths[wrap], 24)
+        if elide is not None:
+            widths[elide] = min(widths[elide], max(12, room - fixed - wrap_min))
+        widths[wrap] = max(8, min(widths[wrap], room - fixed - (widths[elide] if elide is not None else 0)))
+    elif elide is not None:
+        widths[elide] = min(widths[elide], max(12, room - fixed))
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, gap - 1, 0, 0), header_style="bold")
+    for i, header in enumerate(headers):
+        table.add_column(
+            header,
+            justify="right" if i in right else "left",
+            no_wrap=i != wrap,
+            overflow="fold" if i == wrap else "ellipsis",
+            max_width=widths[i],
+        )
+    for row in rows:
+        cells = [
+            Text(
+                "\n".join(elide_middle(line, widths[i]) for line in cell.split("\n")) if i == elide else cell
+            )
+            for i, cell in enumerate(row)
+        ]
+        table.add_row(*cells)
+    return table
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _section(console: Console, title: str) -> None:
+    console.print()
+    console.print(Text(title, style="bold"))
+
+
+def _types_cell(counts: dict[str, int]) -> str:
+    """One type as it is; several as 'TYPE n' lines."""
+    if len(counts) == 1:
+        return next(iter(counts))
+    return "\n".join(f"{t} {n}" for t, n in counts.items())
+
+
+def render_inspect(report, console: Console | None = None) -> None:
+    """Print an InspectReport: the summary, or the tensor table when the report lists tensors."""
+    console = console or out
+    if report.tensors is not None:
+        _render_tensor_list(report, console)
+    else:
+        _render_inspect_summary(report, console)
+
+
+def _render_inspect_summary(report, console: Console) -> None:
+    from ascendconv.inspect import KIND_PLAIN
+
+    head = Text()
+    head.append(report.path.name or str(report.path), style="bold")
+    head.append(f"  {report.label}")
+    console.print(head)
+
+    model = report.model
+    facts = [
+        ("path", str(report.path)),
+        (
+            "model",
+            f"{model['model_type'] or '(no model_type)'}, {', '.join(model['architectures']) or '(no architectures)'}",
+        ),
+    ]
+    quant = report.quantization
+    if quant is not None:
+        bn, bk = quant["weight_block_size"]
+        scales = "/".join(quant["scale_dtypes"]) or "no"
+        text = f"{quant['quant_method']} {quant['fmt']}, block {bn}x{bk}, {scales} scales"
+        if quant["scale_fmt"]:
+            text += f" ({quant['scale_fmt']})"
+        text += f", {quant['activation_scheme']} activations"
+        if quant["location"] != "quantization_config":
+            text += f" (in {quant['location']})"
+        facts.append(("quantization", text))
+        skipped = quant["modules_to_not_convert"]
+        listed = ", ".join(skipped[:_MAX_LISTED]) + (f", … and {len(skipped) - _MAX_LISTED} more" if len(skipped) > _MAX_LISTED else "")
+        facts.append(("unquantized", f"{len(skipped)}: {listed}" if skipped else "none listed"))
+    package = report.package
+    if package is not None:
+        facts.append(
+            (
+                "model_quant_type",
+                f"{package['model_quant_type']} (version {package['version']}, group_size {package['group_size']})",
+            )
+        )
+        prov = package["provenance"]
+        if prov is None:
+            facts.append(("provenance", "none (not written by ascendconv)"))
+        else:
+            facts.append(("converted by", f"{prov['tool']} {prov['version']} from {prov['source']}"))
+            facts.append(
+                (
+                    "scheme",
+                    f"{prov['scheme']}, rule {prov['scale_rule']}, resolve {prov['resolve_dtype']}, "
+                    f"{_plural(prov['fallbacks'], 'fallback')}",
+                )
+            )
+    index = "with index" if report.index else "no index"
+    facts.append(("files", f"{_plural(len(report.shards), 'shard')}, {human_bytes(report.total_bytes)}, {index}"))
+    text = f"{report.tensor_count} ({human_bytes(report.tensor_bytes)} of data)"
+    if quant is not None:
+        text += f", {report.fp8_linears} FP8 linears"
+    facts.append(("tensors", text))
+    text = _plural(report.layers, "layer")
+    if model["num_hidden_layers"] is not None and model["num_hidden_layers"] != report.layers:
+        text += f" ({model['num_hidden_layers']} in config)"
+    if report.routed_experts:
+        text += f", {report.routed_experts} routed experts in {_plural(report.moe_layers, 'MoE layer')}"
+    else:
+        text += ", no routed experts"
+    facts.append(("structure", text))
+    if report.kind == KIND_PLAIN:
+        facts.append(("convert", "not possible: no block-FP8 quantization_config"))
+    label_width = max(cell_len(label) for label, _ in facts)
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(no_wrap=True)
+    grid.add_column()  # sentences wrap at word boundaries, under their own column
+    for label, value in facts:
+        if label == "path":  # a name: elided, never wrapped
+            value = elide_middle(value, console.width - label_width - 2)
+        grid.add_row(Text(label, style="dim"), Text(value))
+    console.print(grid)
+
+    for title, table, key in (("tensors by dtype", report.by_dtype, "dtype"), ("tensors by quant type", report.by_quant_type, "quant type")):
+        _section(console, title)
+        rows = [[name, str(cb.tensors), human_bytes(cb.bytes)] for name, cb in table.items()]
+        console.print(_fit_table(console, [key, "tensors", "bytes"], rows, right=(1, 2), elide=None))
+
+    if report.schemes is not None:
+        _render_scheme_estimates(report, console)
+    if report.groups:
+        _section(console, "module groups (layer and expert numbers as *)")
+        if report.schemes is not None:
+            schemes = list(report.schemes)
+            headers = ["module", "n", *schemes]
+            rows = [[g.pattern, str(g.modules), *(_types_cell(g.schemes[s]) for s in schemes)] for g in report.groups]
+        elif package is not None:
+            headers = ["module", "n", "type", "dtype"]
+            rows = [[g.pattern, str(g.modules), _types_cell(g.types), _types_cell(g.dtypes)] for g in report.groups]
+        else:
+            headers = ["module", "n", "dtype"]
+            rows = [[g.pattern, str(g.modules), _types_cell(g.dtypes)] for g in report.groups]
+        console.print(_fit_table(console, headers, rows, right=(1,)))
+    if report.schemes is not None:
+        _render_fallbacks(report, console)
+    if package is not None:
+        _render_package_files(report, console)
+
+
+def _render_scheme_estimates(report, console: Console) -> None:
+    from ascendconv.plan import QUANT_TYPES
+
+    _section(console, "what convert would write, per --scheme (default options)")
+    estimates = list(report.schemes.values())
+    rows = [[f"{t} modules", *(str(e.modules[t]) for e in estimates)] for t in QUANT_TYPES]
+    rows.append(["fallbacks", *(str(len(e.fallbacks)) for e in estimates)])
+    rows.append(["model_quant_type", *(e.model_quant_type for e in estimates)])
+    rows.append(["tensor bytes", *(human_bytes(e.bytes_out) for e in estimates)])
+    rows.append(["shards (4 GiB)", *(str(e.shards) for e in estimates)])
+    headers = ["", *(e.scheme for e in estimates)]
+    console.print(_fit_table(console, headers, rows, right=tuple(range(1, len(headers))), elide=None))
+
+
+def _render_fallbacks(report, console: Console) -> None:
+    from ascendconv.inspect import module_pattern
+
+    any_fallback = False
+    for scheme, estimate in report.schemes.items():
+        if not estimate.fallbacks:
+            continue
+        any_fallback = True
+        # one row per (module pattern, requested, written, reason with numbers as *)
+        merged: dict[tuple, list] = {}
+        for fb in estimate.fallbacks:
+            merged.setdefault((fb.pattern, fb.requested, fb.written, module_pattern(fb.reason)), []).append(fb)
+        _section(console, f"fallbacks under {scheme}: {_plural(len(estimate.fallbacks), 'module')}")
+        rows = []
+        for (pattern, requested, written, reason), members in merged.items():
+            one = len(members) == 1
+            rows.append(
+                [members[0].module if one else pattern, str(len(members)), f"{requested}\n→ {written}", members[0].reason if one else reason]
+            )
+        console.print(_fit_table(console, ["module", "n", "type", "reason"], rows, right=(1,), wrap=3))
+    if not any_fallback:
+        console.print(Text("no fallbacks under any scheme", style="dim"))
+
+
+_MAX_LISTED = 10
+
+
+def _render_package_files(report, console: Console) -> None:
+    _section(console, f"shards ({len(report.shards)})")
+    shown = report.shards if len(report.shards) <= _MAX_LISTED else report.shards[: _MAX_LISTED - 1]
+    rows = [[s.file, "unreadable" if s.tensors is None else str(s.tensors), human_bytes(s.bytes)] for s in shown]
+    if len(shown) < len(report.shards):
+        rows.append([f"… and {len(report.shards) - len(shown)} more", "", ""])
+    console.print(_fit_table(console, ["file", "tensors", "bytes"], rows, right=(1, 2)))
+    if report.problems:
+        _section(console, f"{_plural(len(report.problems), 'disagreement')} (`ascendconv verify` checks everything)")
+        listing = Table.grid(padding=(0, 1))
+        listing.add_column(no_wrap=True)
+        listing.add_column()  # a long message wraps under itself
+        for problem in report.problems[:_MAX_LISTED]:
+            listing.add_row("-", Text(problem, style="yellow"))
+        console.print(listing)
+        if len(report.problems) > _MAX_LISTED:
+            console.print(Text(f"… and {len(report.problems) - _MAX_LISTED} more (see --json)", style="yellow"))
+    else:
+        console.print(Text("description, index and shards agree", style="dim"))
+
+
+def _render_tensor_list(report, console: Console) -> None:
+    numbers = {s.file: i + 1 for i, s in enumerate(report.shards)}
+    head = Text()
+    head.append(report.path.name or str(report.path), style="bold")
+    head.append(f"  {report.label}")
+    console.print(head)
+    console.print(
+        Text(
+            f"{len(report.tensors)} of {_plural(report.tensor_count, 'tensor')} match "
+            + elide_middle(repr(report.tensor_filter), console.width // 2)
+        )
+    )
+    rows = [
+        [
+            t.name,
+            t.dtype,
+            "×".join(map(str, t.shape)) or "scalar",
+            t.quant_type or "(undescribed)",
+            str(numbers.get(t.shard, "?")),
+            human_bytes(t.bytes),
+        ]
+        for t in report.tensors
+    ]
+    headers = ["name", "dtype", "shape", "quant type", "shard", "bytes"]
+    console.print(_fit_table(console, headers, rows, right=(4, 5), gap=1))
+    listed = list(numbers.items())
+    if len(listed) > 3:
+        console.print(Text(f"shards are numbered 1..{len(listed)} in name order:", style="dim"))
+        listed = [listed[0], listed[-1]]
+    for file, number in listed:
+        label = f"shard {number} = "
+        console.print(Text(label + elide_middle(file, console.width - len(label)), style="dim"))
+
+
+# --- verify ---------------------------------------------------------------------------------------
+
+
+@app.command("verify")
+def verify_command(
+    package: Path = typer.Argument(..., metavar="OUT", help="The package directory to check."),
+    tp: int = typer.Option(1, "--tp", metavar="T", help="Also check the tensor-parallel splits over T ranks."),
+    checksums: bool = typer.Option(True, "--checksums/--no-checksums", help="Check each shard's sha256 against the provenance file."),
+    source: Optional[str] = typer.Option(
+        None, "--source", metavar="SRC", help="The block-FP8 checkpoint the package came from: enables the numerical checks."
+    ),
+    min_sqnr_mxfp8: Optional[float] = typer.Option(None, help="Least SQNR (dB) of a W8A8_MXFP8 weight (default 25)."),
+    min_sqnr_mxfp4: Optional[float] = typer.Option(None, help="Least SQNR (dB) of a W4A8_MXFP weight (default 15)."),
+    exact: bool = typer.Option(False, "--exact", help="Re-derive sampled rows of every weight with the numpy reference (needs --source)."),
+    exact_full: bool = typer.Option(False, "--exact-full", help="Like --exact, on every row."),
+    exact_rows: int = typer.Option(8, help="Rows per weight that --exact re-derives."),
+    moe_check: bool = typer.Option(False, "--moe-check", help="Run the GroupedMatmulSituQuant chain on sampled MoE layers (needs --source)."),
+    moe_layers: int = typer.Option(2, help="MoE layers --moe-check / --on-npu sample; 0 for all."),
+    moe_tokens: int = typer.Option(64, help="Tokens routed through each sampled MoE layer."),
+    beta: float = typer.Option(4.0, help="SiTU beta."),
+    linear_beta: float = typer.Option(25.0, help="SiTU linear_beta."),
+    max_moe_rel_err: Optional[float] = typer.Option(
+        None, help="Largest MoE output rel. error (default 0.30 for W4A8_MXFP, 0.10 for W8A8_MXFP8 / FLOAT experts)."
+    ),
+    on_npu: bool = typer.Option(False, "--on-npu", help="Run the fused op on an Ascend 950 and compare with the CPU reference."),
+    npu_tol: float = typer.Option(0.05, help="Largest rel. error of the NPU output against the CPU reference."),
+    seed: int = typer.Option(0, help="Seed of the sampled rows, activations and routing."),
+    top: int = typer.Option(10, help="Worst tensors shown."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout (see docs/verify.md)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar; only failed checks and the verdict."),
+) -> None:
+    """Check that a package will load on vllm-ascend and, with --source, how close it is to its source.
+
+    Exit code 0: every check passed; 1: a check failed; 2: usage error; 3: unreadable package or source.
+    """
+    from ascendconv.io.hfcache import resolve_source
+    from ascendconv.verify import VerifyOptions, verify
+
+    def action():
+        options = VerifyOptions(
+            tp=tp,
+            checksums=checksums,
+            source=resolve_source(source) if source is not None else None,
+            exact="full" if exact_full else ("sample" if exact else "off"),
+            exact_rows=exact_rows,
+            moe_check=moe_check,
+            moe_layers=moe_layers,
+            moe_tokens=moe_tokens,
+            beta=beta,
+            linear_beta=linear_beta,
+            max_moe_rel_err=max_moe_rel_err,
+            on_npu=on_npu,
+            npu_tol=npu_tol,
+            seed=seed,
+        )
+        if min_sqnr_mxfp8 is not None:
+            options.min_sqnr_mxfp8 = min_sqnr_mxfp8
+        if min_sqnr_mxfp4 is not None:
+            options.min_sqnr_mxfp4 = min_sqnr_mxfp4
+        bar, progress = verify_progress(not quiet and not as_json and err.is_terminal)
+        if bar is None:
+            return verify(package, options, progress)
+        with bar:
+            return verify(package, options, progress)
+
+    report = run(action, as_json)
+    if as_json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        render_verify(report, top, quiet)
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+def verify_progress(enabled: bool):
+    """A rich progress bar on stderr that follows verify's phases, or nothing."""
+    if not enabled:
+        return None, None
+    from rich.progress import TaskProgressColumn
+
+    labels = {"scan": "scanning shards", "source": "comparing with source", "moe": "MoE layers", "npu": "NPU"}
+    bar = Progress("[progress.description]{task.description}", BarColumn(), TaskProgressColumn(), TimeRemainingColumn(),
+                   console=err, transient=True)
+    task = bar.add_task("verifying", total=None)
+    return bar, lambda phase, done, total: bar.update(
+        task, description=labels.get(phase, phase), completed=done, total=total
+    )
+
+
+def _db(x) -> str:
+    if x is None or x != x:
+        return "nan"
+    return "exact" if x == float("inf") else f"{x:.1f}"
+
+
+def render_verify(report, top: int = 10, quiet: bool = False) -> None:
+    """Print a VerifyReport: the checks, the problems of failed ones, the worst tensors, MoE and NPU."""
+    from rich.markup import escape
+
+    prov = report.provenance
+    if not quiet:
+        origin = (
+            f"ascendconv {prov.get('version')}, {prov.get('scheme')}, rule {prov.get('scale_rule')}, "
+            f"resolve {prov.get('resolve_dtype')}, kernel {prov.get('kernel')}"
+            if prov
+            else "no provenance"
+        )
+        out.print(f"[bold]verify[/] {escape(str(report.package))}  [dim]({escape(origin)})[/]", highlight=False)
+        checks = Table(header_style="bold", show_lines=False)
+        checks.add_column("check", no_wrap=True)
+        checks.add_column("result", no_wrap=True)
+        checks.add_column("detail", overflow="fold")
+        for check in report.checks:
+            status = "[red]FAIL[/]" if not check.ok else ("[dim]skip[/]" if check.skipped else "[green]pass[/]")
+            checks.add_row(check.name, status, escape(check.detail))
+        out.print(checks)
+    for check in report.failed:
+        out.print(f"[bold red]{check.name}[/]: {len(check.problems)} problem(s)", highlight=False)
+        for problem in check.problems[:8]:
+            out.print(f"  - {escape(problem)}", highlight=False)
+        if len(check.problems) > 8:
+            out.print(f"  … and {len(check.problems) - 8} more (see --json)")
+        if check.hint:
+            out.print(f"  [dim]hint:[/] {escape(check.hint)}", highlight=False)
+    if report.tensors and not quiet:
+        table = Table(title=f"worst {min(top, len(report.tensors))} of {len(report.tensors)} weights", header_style="bold")
+        for name, justify in (("tensor", "left"), ("type", "left"), ("SQNR dB", "right"), ("rel err", "right"),
+                              ("max abs", "right"), ("saturated", "right"), ("ok", "left")):
+            table.add_column(name, justify=justify, overflow="fold", no_wrap=name != "tensor", ratio=1 if name == "tensor" else None)
+        for t in report.tensors[:top]:
+            table.add_row(escape(t.name), t.type, _db(t.sqnr_db), f"{t.rel_err:.4f}", f"{t.max_abs:.3g}",
+                          f"{t.saturated:.2%}", "[green]yes[/]" if t.ok else "[red]no[/]")
+        out.print(table)
+    if report.moe and not quiet:
+        table = Table(title="MoE layers: GroupedMatmulSituQuant chain, package vs source experts", header_style="bold")
+        for name in ("layer", "type", "experts", "tokens", "SiTU rel err", "out rel err", "limit", "ok"):
+            table.add_column(name, overflow="fold", no_wrap=name != "layer", ratio=1 if name == "layer" else None)
+        for m in report.moe:
+            table.add_row(escape(m.layer), m.type, f"{m.experts_used}/{m.experts}", str(m.tokens), f"{m.rel_err_situ:.4f}",
+                          f"{m.rel_err:.4f}", f"{m.max_rel_err:g}", "[green]yes[/]" if m.ok else "[red]no[/]")
+        out.print(table)
+    if report.npu and not quiet:
+        table = Table(title="GroupedMatmulSituQuant on the NPU vs the CPU reference", header_style="bold")
+        for name in ("layer", "experts", "tokens", "rel err", "codes equal", "scales equal", "tol", "ok"):
+            table.add_column(name, overflow="fold", no_wrap=name != "layer", ratio=1 if name == "layer" else None)
+        for r in report.npu:
+            table.add_row(escape(r.layer), str(r.experts_used), str(r.tokens), f"{r.rel_err:.4f}", f"{r.codes_equal:.2%}",
+                          f"{r.scales_equal:.2%}", f"{r.tol:g}", "[green]yes[/]" if r.ok else "[red]no[/]")
+        out.print(table)
+    passed = sum(1 for c in report.checks if c.ok and not c.skipped)
+    if report.ok:
+        out.print(f"[bold green]OK[/]: {passed} check(s) passed ({report.seconds:.2f} s)", highlight=False)
+    else:
+        names = ", ".join(c.name for c in report.failed)
+        out.print(f"[bold red]FAILED[/]: {len(report.failed)} check(s) failed: {names}", highlight=False)
 
 
 if __name__ == "__main__":  # pragma: no cover
