@@ -93,16 +93,26 @@ def requested_type(prefix: str, scheme: str, overrides: list[Override]) -> tuple
     return wanted, why
 
 
+def alignment_multiple(quant_type: str, routed: bool) -> int:
+    """What K (or K/T under tensor parallelism) must be a multiple of for `quant_type`.
+
+    W8A8_MXFP8 needs whole scale groups (32); the linear loader pads an odd group count, but MoE
+    experts and W4A8_MXFP pair scale groups without padding (64). FLOAT has no rule.
+    """
+    if quant_type == W4A8_MXFP or (quant_type == W8A8_MXFP8 and routed):
+        return 2 * GROUP_SIZE
+    if quant_type == W8A8_MXFP8:
+        return GROUP_SIZE
+    return 1
+
+
 def alignment_problem(quant_type: str, k: int, routed: bool) -> str | None:
     """Why a weight with reduction size K cannot take `quant_type`, or None if it can."""
-    if quant_type == W4A8_MXFP and k % (2 * GROUP_SIZE):
-        return f"K={k} is not a multiple of 64 (W4A8_MXFP pairs scale groups)"
-    if quant_type == W8A8_MXFP8:
-        if routed and k % (2 * GROUP_SIZE):
-            return f"K={k} is not a multiple of 64 (MoE experts pair scale groups)"
-        if k % GROUP_SIZE:
-            return f"K={k} is not a multiple of 32"
-    return None
+    multiple = alignment_multiple(quant_type, routed)
+    if k % multiple == 0:
+        return None
+    why = "W4A8_MXFP pairs scale groups" if quant_type == W4A8_MXFP else "MoE experts pair scale groups"
+    return f"K={k} is not a multiple of {multiple}" + (f" ({why})" if multiple == 2 * GROUP_SIZE else "")
 
 
 def best_feasible(requested: str, k: int, routed: bool) -> tuple[str, str | None]:

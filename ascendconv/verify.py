@@ -49,6 +49,8 @@ from ascendconv.plan import (
     RESOLVE_DTYPES,
     SHARD_NAME,
     SINGLE_SHARD_NAME,
+    alignment_multiple,
+    alignment_problem,
     is_routed_expert,
     packed_group,
 )
@@ -572,28 +574,14 @@ def check_pairs(lay: _Layout) -> Check:
     return _make_check("pairs", problems, "every MX weight has its scale, of the same type")
 
 
-def alignment_rule(quant_type: str, routed: bool) -> int:
-    """The multiple K (or K/T) must be of for a type: W8A8 32 (experts 64), W4A8 64, FLOAT 1."""
-    if quant_type == W4A8_MXFP:
-        return 2 * GROUP_SIZE
-    if quant_type == W8A8_MXFP8:
-        return 2 * GROUP_SIZE if routed else GROUP_SIZE
-    return 1
-
-
 def check_alignment(lay: _Layout) -> Check:
     problems = []
     for prefix, module in sorted(lay.modules.items()):
-        k = module.k
-        if module.label not in MX_TYPES or k is None:
+        if module.label not in MX_TYPES or module.k is None:
             continue
-        routed = is_routed_expert(prefix)
-        rule = alignment_rule(module.label, routed)
-        if k % rule:
-            what = "MoE experts pair scale groups" if routed and module.label == W8A8_MXFP8 else ""
-            if module.label == W4A8_MXFP:
-                what = "W4A8_MXFP pairs scale groups"
-            problems.append(f"{prefix} ({module.label}): K={k} is not a multiple of {rule}" + (f" ({what})" if what else ""))
+        problem = alignment_problem(module.label, module.k, is_routed_expert(prefix))
+        if problem:
+            problems.append(f"{prefix} ({module.label}): {problem}")
     return _make_check("alignment", problems, "K of every MX layer meets its type's rule")
 
 
@@ -646,7 +634,7 @@ def check_tp(lay: _Layout, tp: int) -> Check:
             if k % tp:
                 problems.append(f"{where}: K={k} does not split over {tp} ranks")
                 continue
-            rule = alignment_rule(module.label, is_routed_expert(prefix))
+            rule = alignment_multiple(module.label, is_routed_expert(prefix))
             if (k // tp) % rule:
                 problems.append(f"{where}: K/T = {k}/{tp} = {k // tp} is not a multiple of {rule}")
         else:
