@@ -582,10 +582,12 @@ def _db(x) -> str:
     return "exact" if x == float("inf") else f"{x:.1f}"
 
 
+def _yes(ok: bool) -> str:
+    return "yes" if ok else "NO"
+
+
 def render_verify(report, top: int = 10, quiet: bool = False) -> None:
     """Print a VerifyReport: the checks, the problems of failed ones, the worst tensors, MoE and NPU."""
-    from rich.markup import escape
-
     prov = report.provenance
     if not quiet:
         origin = (
@@ -595,14 +597,8 @@ def render_verify(report, top: int = 10, quiet: bool = False) -> None:
             else "no provenance"
         )
         out.print(f"[bold]verify[/] {escape(str(report.package))}  [dim]({escape(origin)})[/]", highlight=False)
-        checks = Table(header_style="bold", show_lines=False)
-        checks.add_column("check", no_wrap=True)
-        checks.add_column("result", no_wrap=True)
-        checks.add_column("detail", overflow="fold")
-        for check in report.checks:
-            status = "[red]FAIL[/]" if not check.ok else ("[dim]skip[/]" if check.skipped else "[green]pass[/]")
-            checks.add_row(check.name, status, escape(check.detail))
-        out.print(checks)
+        rows = [[c.name, "FAIL" if not c.ok else ("skip" if c.skipped else "pass"), c.detail] for c in report.checks]
+        out.print(_fit_table(out, ["check", "result", "detail"], rows, elide=None, wrap=2))
     for check in report.failed:
         out.print(f"[bold red]{check.name}[/]: {len(check.problems)} problem(s)", highlight=False)
         for problem in check.problems[:8]:
@@ -612,30 +608,31 @@ def render_verify(report, top: int = 10, quiet: bool = False) -> None:
         if check.hint:
             out.print(f"  [dim]hint:[/] {escape(check.hint)}", highlight=False)
     if report.tensors and not quiet:
-        table = Table(title=f"worst {min(top, len(report.tensors))} of {len(report.tensors)} weights", header_style="bold")
-        for name, justify in (("tensor", "left"), ("type", "left"), ("SQNR dB", "right"), ("rel err", "right"),
-                              ("max abs", "right"), ("saturated", "right"), ("ok", "left")):
-            table.add_column(name, justify=justify, overflow="fold", no_wrap=name != "tensor", ratio=1 if name == "tensor" else None)
-        for t in report.tensors[:top]:
-            table.add_row(escape(t.name), t.type, _db(t.sqnr_db), f"{t.rel_err:.4f}", f"{t.max_abs:.3g}",
-                          f"{t.saturated:.2%}", "[green]yes[/]" if t.ok else "[red]no[/]")
-        out.print(table)
+        _section(out, f"worst {min(top, len(report.tensors))} of {len(report.tensors)} weights")
+        rows = [
+            [t.name, t.type, _db(t.sqnr_db), f"{t.rel_err:.4f}", f"{t.max_abs:.3g}", f"{t.saturated:.2%}", _yes(t.ok)]
+            for t in report.tensors[:top]
+        ]
+        headers = ["tensor", "type", "SQNR dB", "rel err", "max abs", "saturated", "ok"]
+        out.print(_fit_table(out, headers, rows, right=(2, 3, 4, 5)))
     if report.moe and not quiet:
-        table = Table(title="MoE layers: GroupedMatmulSituQuant chain, package vs source experts", header_style="bold")
-        for name in ("layer", "type", "experts", "tokens", "SiTU rel err", "out rel err", "limit", "ok"):
-            table.add_column(name, overflow="fold", no_wrap=name != "layer", ratio=1 if name == "layer" else None)
-        for m in report.moe:
-            table.add_row(escape(m.layer), m.type, f"{m.experts_used}/{m.experts}", str(m.tokens), f"{m.rel_err_situ:.4f}",
-                          f"{m.rel_err:.4f}", f"{m.max_rel_err:g}", "[green]yes[/]" if m.ok else "[red]no[/]")
-        out.print(table)
+        _section(out, "MoE layers: GroupedMatmulSituQuant chain, package vs source experts")
+        rows = [
+            [m.layer, m.type, f"{m.experts_used}/{m.experts}", str(m.tokens), f"{m.rel_err_situ:.4f}",
+             f"{m.rel_err:.4f}", f"{m.max_rel_err:g}", _yes(m.ok)]
+            for m in report.moe
+        ]
+        headers = ["layer", "type", "experts", "tokens", "SiTU err", "out err", "limit", "ok"]
+        out.print(_fit_table(out, headers, rows, right=(2, 3, 4, 5, 6)))
     if report.npu and not quiet:
-        table = Table(title="GroupedMatmulSituQuant on the NPU vs the CPU reference", header_style="bold")
-        for name in ("layer", "experts", "tokens", "rel err", "codes equal", "scales equal", "tol", "ok"):
-            table.add_column(name, overflow="fold", no_wrap=name != "layer", ratio=1 if name == "layer" else None)
-        for r in report.npu:
-            table.add_row(escape(r.layer), str(r.experts_used), str(r.tokens), f"{r.rel_err:.4f}", f"{r.codes_equal:.2%}",
-                          f"{r.scales_equal:.2%}", f"{r.tol:g}", "[green]yes[/]" if r.ok else "[red]no[/]")
-        out.print(table)
+        _section(out, "GroupedMatmulSituQuant on the NPU vs the CPU reference")
+        rows = [
+            [r.layer, str(r.experts_used), str(r.tokens), f"{r.rel_err:.4f}", f"{r.codes_equal:.2%}",
+             f"{r.scales_equal:.2%}", f"{r.tol:g}", _yes(r.ok)]
+            for r in report.npu
+        ]
+        headers = ["layer", "experts", "tokens", "rel err", "codes eq", "scales eq", "tol", "ok"]
+        out.print(_fit_table(out, headers, rows, right=(1, 2, 3, 4, 5, 6)))
     passed = sum(1 for c in report.checks if c.ok and not c.skipped)
     if report.ok:
         out.print(f"[bold green]OK[/]: {passed} check(s) passed ({report.seconds:.2f} s)", highlight=False)
