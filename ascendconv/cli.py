@@ -129,40 +129,30 @@ def convert(
 
 
 def render_convert(result) -> None:
+    """What became what (module groups), shards when planning, fallbacks, and the totals."""
     plan = result.plan
-    title = "plan (dry run, nothing written)" if result.dry_run else f"wrote {result.output}"
-    summary = Table(title=title, show_header=True, header_style="bold")
-    summary.add_column("type")
-    summary.add_column("modules", justify="right")
-    summary.add_column("tensors", justify="right")
-    modules, tensors = plan.type_counts(), plan.tensor_counts()
-    for quant_type in modules:
-        summary.add_row(quant_type, str(modules[quant_type]), str(tensors[quant_type]))
-    out.print(summary)
+    head = "plan (dry run, nothing written)" if result.dry_run else f"wrote {result.output}"
+    out.print(Text(head, style="bold"))
+    rows = [[pattern, str(sum(types.values())), _types_cell(types)] for pattern, types in plan.module_groups().items()]
+    _section(out, "FP8 linears, by module (layer and expert numbers as *)")
+    out.print(_fit_table(out, ["module", "n", "written as"], rows, right=(1,)))
+    if result.dry_run:
+        _section(out, f"shards (limit {human_bytes(plan.max_shard_size) if plan.max_shard_size else 'none'})")
+        rows = [[s.file, str(len(s.tensors)), human_bytes(s.nbytes)] for s in plan.shards]
+        out.print(_fit_table(out, ["file", "tensors", "bytes"], rows, right=(1, 2)))
+    if plan.fallbacks:
+        _section(out, f"{_plural(len(plan.fallbacks), 'fallback')}")
+        rows = [[fb.module, f"{fb.requested} -> {fb.written}", fb.reason] for fb in plan.fallbacks]
+        out.print(_fit_table(out, ["module", "type", "reason"], rows, wrap=2))
+    counts = ", ".join(f"{n} {t}" for t, n in plan.tensor_counts().items() if n)
     bytes_out = plan.bytes_out if result.dry_run else result.bytes_written
+    out.print()
     out.print(
-        f"scheme [bold]{plan.scheme}[/], rule [bold]{plan.scale_rule}[/], resolve {plan.resolve_dtype}, "
-        f"kernel {result.kernel}: {human_bytes(plan.bytes_in)} in, {human_bytes(bytes_out)} out, "
-        f"{len(plan.shards)} shard(s), {result.seconds:.2f} s",
+        f"{plan.scheme}, rule {plan.scale_rule}, resolve {plan.resolve_dtype}, kernel {result.kernel}: "
+        f"{len(plan.tensors)} tensors ({counts}); {human_bytes(plan.bytes_in)} in, {human_bytes(bytes_out)} out "
+        f"in {_plural(len(plan.shards), 'shard')}; {result.seconds:.2f} s",
         highlight=False,
     )
-    if result.dry_run:
-        shards = Table(title="shards", header_style="bold")
-        shards.add_column("file", overflow="ellipsis")
-        shards.add_column("tensors", justify="right")
-        shards.add_column("bytes", justify="right")
-        for shard in plan.shards:
-            shards.add_row(shard.file, str(len(shard.tensors)), human_bytes(shard.nbytes))
-        out.print(shards)
-    if plan.fallbacks:
-        table = Table(title=f"{len(plan.fallbacks)} fallback(s)", header_style="bold")
-        table.add_column("module", overflow="ellipsis", max_width=44)
-        table.add_column("asked")
-        table.add_column("written")
-        table.add_column("reason", overflow="fold")
-        for fb in plan.fallbacks:
-            table.add_row(fb.module, fb.requested, fb.written, fb.reason)
-        out.print(table)
 
 
 # --- inspect ------------------------------------------------------------------------------------

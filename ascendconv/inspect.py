@@ -33,7 +33,7 @@ from ascendconv.io.source import (
     load_config,
     merge_headers,
 )
-from ascendconv.plan import DESCRIPTION_NAME, RANK, SCHEMES
+from ascendconv.plan import DESCRIPTION_NAME, RANK, SCHEMES, module_pattern
 from ascendconv.plan import INDEX_NAME as PACKAGE_INDEX_NAME
 
 SCHEMA_VERSION = 1
@@ -54,15 +54,9 @@ UNDESCRIBED = "(undescribed)"  # a package tensor without an entry in the descri
 PLAIN_DTYPES = ("BF16", "F16", "F32", "F64")  # a float checkpoint holds these (and maybe integers)
 FP8_DTYPES = ("F8_E4M3", "F8_E5M2", "F8_E8M0")
 
-_NUMBER = re.compile(r"(?<=\.)\d+(?=\.|$)")
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _EXPERT = re.compile(r"(?:^|\.)layers\.(\d+)\..*?\bexperts\.(\d+)\.")
 _CONFIG_EXPERT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts")
-
-
-def module_pattern(name: str) -> str:
-    """A module name with its layer and expert numbers (every numeric segment) replaced by '*'."""
-    return _NUMBER.sub("*", name)
 
 
 def natural_key(text: str) -> tuple:
@@ -561,5 +555,4 @@ __all__ = [
     "ShardInfo",
     "TensorRow",
     "inspect_path",
-    "module_pattern",
 ]

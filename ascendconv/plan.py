@@ -72,6 +72,14 @@ def packed_group(prefix: str) -> str:
     return prefix
 
 
+NUMBERED_SEGMENT = re.compile(r"(?<=\.)\d+(?=\.|$)")
+
+
+def module_pattern(name: str) -> str:
+    """A module name with its layer and expert numbers (every numeric segment) replaced by '*'."""
+    return NUMBERED_SEGMENT.sub("*", name)
+
+
 def is_routed_expert(prefix: str) -> bool:
     return ROUTED_EXPERT.match(prefix) is not None
 
@@ -241,6 +249,14 @@ class Plan:
         for decision in self.decisions.values():
             counts[decision.written] += 1
         return counts
+
+    def module_groups(self) -> dict[str, dict[str, int]]:
+        """Source linears by name pattern (layer and expert numbers as '*'): written type -> count."""
+        groups: dict[str, dict[str, int]] = {}
+        for prefix, decision in sorted(self.decisions.items()):
+            types = groups.setdefault(module_pattern(prefix), {})
+            types[decision.written] = types.get(decision.written, 0) + 1
+        return dict(sorted(groups.items()))
 
     def tensor_counts(self) -> dict[str, int]:
         """Package tensors per description label."""
