@@ -181,3 +181,27 @@ def test_header_length_beyond_file(fixture_copy, tmp_path):
     shard.write_bytes(bytes(raw))
     result = run_convert(src, tmp_path / "out")
     assert result.exit_code == 3 and "does not fit" in result.stderr
+
+
+def test_interrupt_exits_130_and_leaves_nothing(fixture_copy, tmp_path, monkeypatch):
+    import ascendconv.convert
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ascendconv.convert, "write_package_files", interrupted)
+    result = run_convert(fixture_copy(DENSE), tmp_path / "out")
+    assert result.exit_code == 130 and "interrupted" in result.stderr
+    assert list(tmp_path.iterdir()) == [tmp_path / "src"]
+
+
+def test_failure_mid_stream_leaves_nothing(fixture_copy, tmp_path):
+    from ascendconv.convert import ConvertOptions, convert
+
+    def failing_progress(done, total):
+        if done > total // 2:
+            raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError, match="disk full"):
+        convert(fixture_copy("qwen3-moe-fp8"), tmp_path / "out", ConvertOptions(max_shard_size=100_000), failing_progress)
+    assert list(tmp_path.iterdir()) == [tmp_path / "src"]
