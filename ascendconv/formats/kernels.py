@@ -1,0 +1,930 @@
+"""numba fast path of `requantize.py`: the same three functions, bit-identical results.
+
+`requantize_rows`, `resolve_rows_bf16` and `first_nan_code` have the signatures and results of
+their numpy counterparts in `requantize.py` (the reference, built on resolve.py and mx.py), plus an
+optional keyword `out` to write into a caller's buffer; tests/test_kernels.py proves the bytes
+equal on random and adversarial inputs, on every path below.
+
+How it is fast (spec 4, "byte-domain conversion"):
+
+- A source tile has one scale ``s``, so a resolved value is a function of its code alone:
+  ``val[c] = R(float32(fp8(c)) * s)`` (R = BF16 round-nearest-even or nothing): one 256-entry
+  table per tile replaces the per-element resolve.
+- With ``bk % 32 == 0`` each MX group lies in one tile. ``|val|`` is non-decreasing in the code
+  magnitude ``c & 0x7F`` (finite E4M3 codes are ordered like their values, and float32 and BF16
+  rounding are monotone), so the group maximum is found on bytes (one 32-byte vector max) and
+  the shared exponent ``E`` from it, once per (tile, maximum).
+- Per (tile, E) a 256-entry code -> output-code table makes quantization a lookup (eight 16-byte
+  ``vpshufb`` per group where AVX2 is available, scalar loads elsewhere). For ``mse``, a pair
+  table holds each code's squared errors at E_floor and E_floor + 1 (float64, the reference's
+  exact arithmetic), so the two sums of a group advance as the two lanes of one vector add, still
+  sequentially j = 0..31.
+- ``mse`` needs those sums only when the group maximum, scaled for E_floor, exceeds 464 (E4M3) or
+  7 (E2M1). Below that, E_floor wins for sure: the E_floor + 1 grid, restricted to the group's
+  range, is a subset of the E_floor grid (doubling a representable magnitude up to the maximum
+  stays representable), so an element up to the maximum is at least as close to its E_floor
+  value; an element saturating at E_floor (above 448, or 6) but at most 464 (or 7) rounds at
+  E_floor + 1 to the same value or to one as far away (232 -> 224 and 3.5 -> 4 are ties to even).
+  Every squared error at E_floor is then at most the one at E_floor + 1, squaring and float64
+  addition are monotone, so ``sse_high < sse_low`` cannot hold and the reference keeps E_floor too.
+- Groups that straddle two tiles (``bk % 32 != 0``) take a direct per-element path computing the
+  same float32/float64 operations as the reference.
+
+Everything runs in `_requantize_kernel`, a row-order walk over the codes with per-thread scratch
+tables (`_scratch`). Every jitted function has ``cache=True`` (the cache lives in ``__pycache__``
+next to this file, or numba's per-user cache directory when that is not writable) and
+``nogil=True``, so convert's worker threads run them in parallel; the entry points are compiled
+at import for explicit signatures. No fastmath anywhere: the float operations and their order are
+the reference's.
+
+Inputs the reference rejects (NaN codes, non-finite resolved values, bad shapes or options) are
+handed to the reference itself, so the exception raised is the reference's, word for word.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import ml_dtypes
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from ascendconv.formats import requantize as _reference
+from ascendconv.formats.constants import E2M1, E2M1_GRID, E4M3, GROUP_SIZE, SCALE_RULES
+
+# --- scalar helpers --------------------------------------------------------------------------
+
+
+@intrinsic
+def _f32_bits(typingctx, x):
+    """float32 -> its uint32 bit pattern."""
+    if isinstance(x, types.Float) and x.bitwidth == 32:
+
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], ir.IntType(32))
+
+        return types.uint32(types.float32), codegen
+    return None
+
+
+@intrinsic
+def _bits_f32(typingctx, x):
+    """Low 32 bits of an integer, as a float32 bit pattern."""
+    if isinstance(x, types.Integer):
+
+        def codegen(context, builder, signature, args):
+            value = args[0]
+            if value.type.width > 32:
+                value = builder.trunc(value, ir.IntType(32))
+            return builder.bitcast(value, ir.FloatType())
+
+        return types.float32(x), codegen
+    return None
+
+
+_FMT_E4M3 = 0
+_FMT_E2M1 = 1
+_RULE_IDS = {"floor": 0, "rceil": 1, "mse": 2}
+_FLOOR, _RCEIL, _MSE = 0, 1, 2
+_ZERO_KEY = 255  # table key of floor's "E == 0: signed zeros" (255 is never a shared exponent)
+
+# Decode tables (float32), as the reference decodes: ml_dtypes for E4M3, the grid for E2M1.
+_E4M3_DECODE = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+_E2M1_DECODE = np.array(E2M1_GRID + tuple(-v for v in E2M1_GRID), dtype=np.float32)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _pow2f(e):
+    """float32 2**e for integer e in [-149, 127], exact (subnormals included)."""
+    if e >= -126:
+        return _bits_f32(np.uint32((e + 127) << 23))
+    return _bits_f32(np.uint32(1 << (e + 149)))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _bf16_round(x):
+    """float32 -> float32 holding the nearest-even BF16 value (ml_dtypes' cast; NaN stays a quiet
+    NaN of the same sign). Branch-free, so that table loops vectorize."""
+    bits = _f32_bits(x)
+    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+    quiet_nan = (bits | np.uint32(0x00400000)) & np.uint32(0xFFFF0000)
+    is_nan = (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    return _bits_f32(quiet_nan if is_nan else rounded)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _resolve(code_value, s, bf16):
+    v = code_value * s  # float32 * float32: one IEEE rounding, as the reference
+    return _bf16_round(v) if bf16 else v
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _encode_e4m3(y):
+    """Finite float32 -> E4M3 code: clamp to +-448, round to nearest-even (ml_dtypes' cast).
+
+    Branch-free: both the normal and the subnormal rounding are computed, one is selected.
+    """
+    bits = _f32_bits(y)
+    sign = (bits >> np.uint32(24)) & np.uint32(0x80)
+    a = min(bits & np.uint32(0x7FFFFFFF), np.uint32(0x43E00000))  # clamp |y| to 448 (bit order)
+    # normal E4M3 (|y| >= 2**-6): round the float32 mantissa to 3 bits, rebias the exponent by -120
+    normal = ((a + np.uint32(0x7FFFF) + ((a >> np.uint32(20)) & np.uint32(1))) >> np.uint32(20)) - np.uint32(960)
+    # subnormal E4M3: multiples of 2**-9; |y| * 512 is exact, and adding then subtracting 2**23
+    # in float32 rounds it to an integer, half to even
+    q = _bits_f32(a) * np.float32(512.0)
+    subnormal = np.uint32((q + np.float32(8388608.0)) - np.float32(8388608.0))
+    return np.uint8((subnormal if a < np.uint32(0x3C800000) else normal) | sign)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _encode_e2m1(y):
+    """Finite float32 -> E2M1 code 0..15: clamp to +-6, round to nearest-even on the grid
+    [0, .5, 1, 1.5, 2, 3, 4, 6] (ties go to the even index). Branch-free."""
+    bits = _f32_bits(y)
+    sign = (bits >> np.uint32(28)) & np.uint32(0x8)
+    a = _bits_f32(bits & np.uint32(0x7FFFFFFF))
+    index = (
+        np.uint32(a > np.float32(0.25))
+        + np.uint32(a >= np.float32(0.75))
+        + np.uint32(a > np.float32(1.25))
+        + np.uint32(a >= np.float32(1.75))
+        + np.uint32(a > np.float32(2.5))
+        + np.uint32(a >= np.float32(3.5))
+        + np.uint32(a > np.float32(5.0))
+    )
+    return np.uint8(index | sign)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _encode(y, fmt):
+    return _encode_e4m3(y) if fmt == _FMT_E4M3 else _encode_e2m1(y)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _floor_exponent(a_bits, emax):
+    """max(expfield - emax, 0) of a non-negative float32 given by its bits."""
+    e = np.int64(a_bits >> np.uint32(23)) - emax
+    return e if e > 0 else 0
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _rceil_exponent(a, max_mantissa, max_exponent):
+    """Smallest E in [0, 254] with a <= max_value * 2**(E - 127) (mx._rceil_exponents)."""
+    if a == np.float32(0.0):
+        return 0
+    m, e = math.frexp(np.float64(a))  # exact: a float32 widened to float64
+    out = e - max_exponent + (1 if m > max_mantissa else 0) + 127
+    if out < 0:
+        return 0
+    if out > 254:
+        return 254
+    return out
+
+
+@intrinsic
+def _group_max_magnitude(typingctx, codes, start):
+    """max(c & 0x7F) over codes[start : start + 32] of a 1-D uint8 array, as uint64.
+
+    One unaligned 32-byte vector load and LLVM's generic unsigned-max reduction (vpmaxub on x86,
+    umaxv on AArch64); the caller guarantees the bounds.
+    """
+    if not (isinstance(codes, types.Array) and codes.dtype == types.uint8 and codes.ndim == 1):
+        return None
+    if not isinstance(start, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        array = context.make_array(signature.args[0])(context, builder, args[0])
+        byte_ptr = builder.bitcast(array.data, ir.IntType(8).as_pointer())
+        vector_type = ir.VectorType(ir.IntType(8), GROUP_SIZE)
+        vector_ptr = builder.bitcast(builder.gep(byte_ptr, [args[1]]), vector_type.as_pointer())
+        magnitudes = builder.and_(builder.load(vector_ptr, align=1), ir.Constant(vector_type, [0x7F] * GROUP_SIZE))
+        reduce = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.IntType(8), [vector_type]), "llvm.vector.reduce.umax.v32i8"
+        )
+        return builder.zext(builder.call(reduce, [magnitudes]), ir.IntType(64))
+
+    return types.uint64(codes, start), codegen
+
+
+def _avx2_available() -> bool:
+    """Whether numba compiles for a CPU with AVX2 (the host, unless NUMBA_CPU_NAME overrides it)."""
+    from numba.core import config
+
+    if config.CPU_NAME or config.CPU_FEATURES:
+        return False  # a portable or foreign target: no x86-specific intrinsics
+    try:
+        import llvmlite.binding as llvm
+
+        return bool(llvm.get_host_cpu_features().get("avx2", False))
+    except Exception:  # pragma: no cover - unknown platform
+        return False
+
+
+_AVX2 = _avx2_available()
+_I8 = ir.IntType(8)
+_V32 = ir.VectorType(_I8, 32)
+_V16 = ir.VectorType(_I8, 16)
+
+
+def _splat(vector_type, value):
+    return ir.Constant(vector_type, [value] * vector_type.count)
+
+
+@intrinsic
+def _lookup_group_avx2(typingctx, codes, start, tables, table_at, out, out_at, fp4):
+    """out[...] = tables[table_at + codes[start : start + 32]] with AVX2 byte shuffles.
+
+    The 128 magnitude entries of the table are looked up with eight 16-byte ``vpshufb``; the code's
+    sign flips the output's sign bit (table[c | 0x80] == table[c] ^ sign bit). E4M3 stores 32
+    bytes at out_at; E2M1 (``fp4``) packs pairs of nibbles and stores 16. Only compiled for AVX2
+    targets (`_AVX2`); elsewhere it is an empty body that the kernels never reach.
+    """
+    sig = types.void(codes, start, tables, table_at, out, out_at, fp4)
+
+    def codegen(context, builder, signature, args):
+        if not _AVX2:
+            return context.get_dummy_value()
+        arrays = [context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 2, 4)]
+
+        def pointer(array, offset, vector_type):
+            byte_ptr = builder.gep(builder.bitcast(array.data, _I8.as_pointer()), [offset])
+            return builder.bitcast(byte_ptr, vector_type.as_pointer())
+
+        v = builder.load(pointer(arrays[0], args[1], _V32), align=1)
+        magnitude = builder.and_(v, _splat(_V32, 0x7F))
+        sign = builder.and_(v, _splat(_V32, 0x80))
+        pshufb = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_V32, [_V32, _V32]), "llvm.x86.avx2.pshuf.b"
+        )
+        add_saturated = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_V32, [_V32, _V32]), "llvm.uadd.sat.v32i8"
+        )
+        both_lanes = ir.Constant(ir.VectorType(ir.IntType(32), 32), list(range(16)) * 2)
+        result = _splat(_V32, 0)
+        for i in range(8):
+            offset = builder.add(args[3], ir.Constant(args[3].type, 16 * i))
+            chunk = builder.load(pointer(arrays[1], offset, _V16), align=1)
+            chunk = builder.shuffle_vector(chunk, chunk, both_lanes)
+            # bytes of chunk i get index m - 16 i (bit 7 clear), all others bit 7 set: zero
+            index = builder.call(add_saturated, [builder.xor(magnitude, _splat(_V32, 16 * i)), _splat(_V32, 0x70)])
+            result = builder.or_(result, builder.call(pshufb, [chunk, index]))
+        with builder.if_else(args[6]) as (fp4_branch, fp8_branch):
+            with fp4_branch:
+                nibbles = builder.xor(result, builder.lshr(sign, _splat(_V32, 4)))
+                v16 = ir.VectorType(ir.IntType(16), 16)
+                pairs = builder.bitcast(nibbles, v16)
+                pairs = builder.or_(pairs, builder.lshr(pairs, ir.Constant(v16, [4] * 16)))
+                builder.store(builder.trunc(pairs, _V16), pointer(arrays[2], args[5], _V16), align=1)
+            with fp8_branch:
+                builder.store(builder.xor(result, sign), pointer(arrays[2], args[5], _V32), align=1)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def _sse_decisions(typingctx, codes, c0, c1, c2, c3, pairs, p0, p1, p2, p3):
+    """For four groups (codes at c0..c3, pair tables at p0..p3): bit q of the result is set when
+    group q's sum of squared error at E_floor + 1 is below the one at E_floor.
+
+    Each group's two float64 sums advance together as the lanes of one <2 x double> vector: a
+    lane-wise IEEE add is the same operation as the scalar one, and the 32 additions per sum run
+    in index order j = 0..31, exactly as mx._sequential_sse (generic LLVM vectors: SSE2, NEON).
+    """
+    sig = types.int64(codes, c0, c1, c2, c3, pairs, p0, p1, p2, p3)
+
+    def codegen(context, builder, signature, args):
+        codes_array = context.make_array(signature.args[0])(context, builder, args[0])
+        pairs_array = context.make_array(signature.args[5])(context, builder, args[5])
+        code_ptr = builder.bitcast(codes_array.data, _I8.as_pointer())
+        double = ir.DoubleType()
+        v2 = ir.VectorType(double, 2)
+        pair_ptr = builder.bitcast(pairs_array.data, double.as_pointer())
+        i64 = ir.IntType(64)
+        starts = [args[1], args[2], args[3], args[4]]
+        tables = [args[6], args[7], args[8], args[9]]
+        sums = [ir.Constant(v2, [0.0, 0.0]) for _ in range(4)]
+        for j in range(GROUP_SIZE):
+            for q in range(4):
+                position = builder.add(starts[q], ir.Constant(i64, j))
+                code = builder.zext(builder.load(builder.gep(code_ptr, [position])), i64)
+                index = builder.add(tables[q], builder.shl(code, ir.Constant(i64, 1)))
+                pair = builder.load(builder.bitcast(builder.gep(pair_ptr, [index]), v2.as_pointer()), align=8)
+                sums[q] = builder.fadd(sums[q], pair)
+        mask = ir.Constant(i64, 0)
+        for q in range(4):
+            low = builder.extract_element(sums[q], ir.Constant(ir.IntType(32), 0))
+            high = builder.extract_element(sums[q], ir.Constant(ir.IntType(32), 1))
+            below = builder.zext(builder.fcmp_ordered("<", high, low), i64)
+            mask = builder.or_(mask, builder.shl(below, ir.Constant(i64, q)))
+        return mask
+
+    return sig, codegen
+
+
+# --- tables ----------------------------------------------------------------------------------
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _fill_values(val, s, bf16):
+    """val[c] = R(fp8(c) * s) for the 256 codes (NaN codes give NaN, never used)."""
+    if bf16:
+        for c in range(256):
+            val[c] = _bf16_round(_E4M3_DECODE[c] * s)
+    else:
+        for c in range(256):
+            val[c] = _E4M3_DECODE[c] * s
+
+
+@njit(cache=True, nogil=True)
+def _fill_codes(tab, val, key, fmt, sbit):
+    """tab[c] = output code of val[c] under shared exponent `key` (or signed zeros for _ZERO_KEY).
+
+    Entries 0..127 are computed, 128..255 mirrored: val[c | 0x80] == -val[c] exactly and the
+    rounding is symmetric. (127 and 255, NaN codes, hold garbage that is never used.)
+    """
+    if key == _ZERO_KEY:
+        for c in range(128):
+            z = np.uint8((_f32_bits(val[c]) >> np.uint32(31)) * sbit)
+            tab[c] = z
+            tab[c + 128] = z ^ sbit
+        return
+    factor = _pow2f(127 - key)
+    if fmt == _FMT_E4M3:
+        for c in range(128):
+            code = _encode_e4m3(val[c] * factor)
+            tab[c] = code
+            tab[c + 128] = code ^ sbit
+    else:
+        for c in range(128):
+            code = _encode_e2m1(val[c] * factor)
+            tab[c] = code
+            tab[c + 128] = code ^ sbit
+
+
+@njit(cache=True, nogil=True)
+def _fill_sq_pairs(pairs, low_tab, high_tab, val, key, fmt):
+    """pairs[2c], pairs[2c + 1] = the squared errors of val[c] at E = key and E = key + 1:
+    (float64(val[c]) - float64(dequant(code, E)))**2, the reference's arithmetic. Side by side,
+    so that the two sums of a group advance with one two-lane load and add."""
+    decode = _E4M3_DECODE if fmt == _FMT_E4M3 else _E2M1_DECODE
+    for which in range(2):
+        tab = low_tab if which == 0 else high_tab
+        unit = _pow2f(key + which - 127)
+        for c in range(128):
+            deq = decode[tab[c]] * unit  # float32 product (inf on overflow), as mx.py
+            d = np.float64(val[c]) - np.float64(deq)
+            e = d * d
+            pairs[2 * c + which] = e
+            pairs[2 * (c + 128) + which] = e
+
+
+# --- the group paths -------------------------------------------------------------------------
+
+
+@njit(cache=True, nogil=True)
+def _direct_group(v, out, fmt, rule, emax, max_mantissa, max_exponent, sbit, lo_codes, hi_codes):
+    """Direct per-element path for one group of 32 resolved float32 values `v` (any tiling).
+
+    Writes the unpacked output codes to `out` and returns the shared exponent, or -1 when a
+    value is not finite.
+    """
+    amax_bits = np.uint32(0)
+    for j in range(GROUP_SIZE):
+        b = _f32_bits(v[j]) & np.uint32(0x7FFFFFFF)
+        if b >= np.uint32(0x7F800000):
+            return -1
+        if b > amax_bits:
+            amax_bits = b
+    amax = _bits_f32(amax_bits)
+    if rule == _RCEIL:
+        e = _rceil_exponent(amax, max_mantissa, max_exponent)
+        factor = _pow2f(127 - e)
+        for j in range(GROUP_SIZE):
+            out[j] = _encode(v[j] * factor, fmt)
+        return e
+    low = _floor_exponent(amax_bits, emax)
+    if rule == _FLOOR:
+        if low == 0:
+            for j in range(GROUP_SIZE):
+                out[j] = sbit if _f32_bits(v[j]) >> np.uint32(31) else np.uint8(0)
+            return 0
+        factor = _pow2f(127 - low)
+        for j in range(GROUP_SIZE):
+            out[j] = _encode(v[j] * factor, fmt)
+        return low
+    high = low + 1 if low < 254 else 254
+    sse = np.zeros(2, dtype=np.float64)
+    for which in range(2):
+        e = low if which == 0 else high
+        codes = lo_codes if which == 0 else hi_codes
+        factor = _pow2f(127 - e)
+        unit = _pow2f(e - 127)
+        total = 0.0
+        for j in range(GROUP_SIZE):
+            code = _encode(v[j] * factor, fmt)
+            codes[j] = code
+            if fmt == _FMT_E4M3:
+                deq = _E4M3_DECODE[code] * unit
+            else:
+                deq = _E2M1_DECODE[code] * unit
+            d = np.float64(v[j]) - np.float64(deq)
+            total += d * d
+        sse[which] = total
+    chosen = hi_codes if sse[1] < sse[0] else lo_codes
+    for j in range(GROUP_SIZE):
+        out[j] = chosen[j]
+    return high if sse[1] < sse[0] else low
+
+
+
+
+_REQUANT_SIG = types.int64(
+    types.Array(types.uint8, 2, "C", readonly=True),  # codes [R, K]
+    types.Array(types.float32, 2, "C", readonly=True),  # tile scales
+    types.int64,  # bn
+    types.int64,  # bk
+    types.int64,  # row_offset
+    types.boolean,  # BF16 resolve
+    types.int64,  # format
+    types.int64,  # rule
+    types.int64,  # path
+    types.Array(types.uint8, 2, "C"),  # payload
+    types.Array(types.uint8, 2, "C"),  # scale bytes
+    types.Array(types.uint8, 1, "C"),  # scratch: code tables
+    types.Array(types.float64, 1, "C"),  # scratch: squared-error pair tables
+    types.Array(types.int64, 1, "C"),  # scratch: key stamps, key slots, pair stamps, band counter
+    types.Array(types.int64, 1, "C"),  # scratch: (column, group maximum) -> info word
+)
+
+_PATH_AUTO, _PATH_SCALAR, _PATH_DIRECT = 0, 1, 2
+_PATHS = {"auto": _PATH_AUTO, "scalar": _PATH_SCALAR, "direct": _PATH_DIRECT}
+_SLOTS_EXHAUSTED = 2  # kernel status: the scratch needs more table slots (the wrapper grows it)
+# info word of a (tile column, group maximum): E_floor's slot | E_floor + 1's slot << 24 |
+# scale byte << 48 | _SSE_FLAG when the group saturates at E_floor and mse must compare sums
+_SSE_FLAG = 1 << 56
+_SLOT_MASK = (1 << 24) - 1
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _take_high(gtab, scales_out, g, scale_base, high_slot):
+    """Switch group g to its E_floor + 1 table and scale byte."""
+    gtab[g] = high_slot * 256
+    scales_out[scale_base + g] += np.uint8(1)
+
+
+@njit(cache=True, nogil=True)
+def _scan_row(codes, row_start, g, n_groups, group_tc, info, scales_out, scale_row, gtab, sse_groups, sse_info, n_sse):
+    """Pass 1 over one row from group g: each group's table offset and scale byte (and the list of
+    mse groups that need their sums), until a group whose (column, maximum) has no info yet.
+    Returns (that group, or n_groups at the end of the row; the updated count of mse groups)."""
+    while g < n_groups:
+        tc = group_tc[g]
+        if tc >= 0:
+            cmax = _group_max_magnitude(codes, row_start + np.uint64(g * GROUP_SIZE))
+            word_info = info[np.uint64(tc * 128) + cmax]
+            if word_info < 0:
+                return g, n_sse
+            scales_out[scale_row + np.uint64(g)] = np.uint8((word_info >> 48) & 0xFF)
+            gtab[g] = (word_info & _SLOT_MASK) * 256
+            if word_info & _SSE_FLAG:
+                sse_groups[n_sse] = g
+                sse_info[n_sse] = word_info
+                n_sse += 1
+        g += 1
+    return g, n_sse
+
+
+@njit(_REQUANT_SIG, cache=True, nogil=True)
+def _requantize_kernel(
+    codes2d, scale, bn, bk, row_offset, bf16, fmt, rule, path, payload2d, scales2d, code_tabs, sq_tabs, meta, info
+):
+    """Fill payload [R, K or K/2] and scales [R, K/32]. Status 0: done; 1: NaN/Inf input (the
+    caller asks the reference for its error); _SLOTS_EXHAUSTED: call again with larger scratch.
+
+    Rows are walked in order, streaming through memory. Per tile row (a "band"), each tile column
+    gets its resolved-value table, and each (column, key) that a group needs (key = E, or
+    _ZERO_KEY for floor's signed zeros) a slot: ``code_tabs[slot * 256 + code]`` is the output
+    code, and for mse ``sq_tabs[slot * 512 + 2 * code + {0, 1}]`` the squared errors at E and
+    E + 1 side by side. ``meta`` holds, for the C = len(info) // 128 columns it was sized for, the
+    band that last gave each (column, key) a slot [0, 256 C), that slot [256 C, 512 C), the band
+    that filled each slot's pair table [512 C, 512 C + slots), and the running band counter (last
+    entry, kept across calls), so that nothing needs a reset between bands or calls.
+    """
+    rows, k = codes2d.shape
+    if rows == 0:
+        return 0
+    n_groups = k // GROUP_SIZE
+    tile_cols = scale.shape[1]
+    pk = payload2d.shape[1]
+    capacity = code_tabs.shape[0] // 256
+    key_slot0 = info.shape[0] * 2  # 256 * columns
+    pair_stamp0 = key_slot0 * 2
+    counter = meta.shape[0] - 1
+    codes = codes2d.reshape(-1)
+    words = codes.view(np.uint64)  # 8-byte aligned (the wrapper sees to it)
+    payload = payload2d.reshape(-1)
+    out_words = payload.view(np.uint64)
+    scales_out = scales2d.reshape(-1)
+    if fmt == _FMT_E4M3:
+        emax, sbit, sse_above = 8, np.uint8(0x80), np.float32(464.0)
+        max_mantissa, max_exponent = 0.875, 9
+    else:
+        emax, sbit, sse_above = 2, np.uint8(0x08), np.float32(7.0)
+        max_mantissa, max_exponent = 0.75, 3
+
+    # group -> its tile column, or -1 when it straddles two tiles (or every group on _PATH_DIRECT)
+    direct = path == _PATH_DIRECT
+    vector_lookup = _AVX2 and path == _PATH_AUTO
+    group_tc = np.empty(n_groups, dtype=np.int64)
+    straddling = False
+    for g in range(n_groups):
+        first = g * GROUP_SIZE // bk
+        if direct or first != (g * GROUP_SIZE + GROUP_SIZE - 1) // bk:
+            group_tc[g] = -1
+            straddling = True
+        else:
+            group_tc[g] = first
+    vals = np.empty((tile_cols, 256), dtype=np.float32)  # per tile column: code -> resolved value
+    gtab = np.empty(n_groups, dtype=np.int64)  # per group of the row: offset of its code table
+    sse_groups = np.empty(n_groups, dtype=np.int64)  # groups of the row whose mse needs the sums
+    sse_info = np.empty(n_groups, dtype=np.int64)
+    # direct path scratch
+    gv = np.empty(GROUP_SIZE, dtype=np.float32)
+    gout = np.empty(GROUP_SIZE, dtype=np.uint8)
+    glo = np.empty(GROUP_SIZE, dtype=np.uint8)
+    ghi = np.empty(GROUP_SIZE, dtype=np.uint8)
+
+    for t in range(row_offset // bn, (row_offset + rows - 1) // bn + 1):
+        r0 = max(t * bn - row_offset, 0)
+        r1 = min((t + 1) * bn - row_offset, rows)
+        meta[counter] += 1
+        band = meta[counter]
+        n_slots = 0
+        for tc in range(tile_cols):
+            _fill_values(vals[tc], scale[t, tc], bf16)
+        info[: tile_cols * 128] = -1
+        for r in range(r0, r1):
+            row_start = np.uint64(r * k)
+            scale_row = np.uint64(r * n_groups)
+            # pass 1: per group, the table (and scale byte) its maximum magnitude selects; the
+            # first group of a tile with a given maximum stops the scan to find the exponent(s)
+            # and fill tables, then the scan resumes at that group
+            n_sse = 0
+            g = 0
+            while True:
+                g, n_sse = _scan_row(
+                    codes, row_start, g, n_groups, group_tc, info, scales_out, scale_row, gtab, sse_groups, sse_info,
+                    n_sse,
+                )
+                if g == n_groups:
+                    break
+                tc = group_tc[g]
+                cmax = _group_max_magnitude(codes, row_start + np.uint64(g * GROUP_SIZE))
+                if cmax == 0x7F:
+                    return 1  # NaN code
+                val = vals[tc]
+                amax = abs(val[cmax])
+                a_bits = _f32_bits(amax)
+                if a_bits >= np.uint32(0x7F800000):
+                    return 1  # the resolved value overflowed to inf
+                need_sse = False
+                if rule == _FLOOR:
+                    e = _floor_exponent(a_bits, emax)
+                    key = e if e > 0 else _ZERO_KEY
+                elif rule == _RCEIL:
+                    key = _rceil_exponent(amax, max_mantissa, max_exponent)
+                else:
+                    key = _floor_exponent(a_bits, emax)
+                    need_sse = key < 254 and amax * _pow2f(127 - key) > sse_above
+                if n_slots + 2 > capacity:
+                    return _SLOTS_EXHAUSTED
+                word_info = (0 if key == _ZERO_KEY else key) << 48
+                for which in range(2 if need_sse else 1):
+                    at_key = tc * 256 + key + which
+                    if meta[at_key] == band:
+                        slot = meta[key_slot0 + at_key]
+                    else:
+                        slot = n_slots
+                        n_slots += 1
+                        meta[at_key] = band
+                        meta[key_slot0 + at_key] = slot
+                        meta[pair_stamp0 + slot] = 0
+                        _fill_codes(code_tabs[slot * 256 : slot * 256 + 256], val, key + which, fmt, sbit)
+                    word_info |= slot << (24 * which)
+                if need_sse:
+                    low = word_info & _SLOT_MASK
+                    if meta[pair_stamp0 + low] != band:
+                        high = (word_info >> 24) & _SLOT_MASK
+                        _fill_sq_pairs(
+                            sq_tabs[low * 512 : low * 512 + 512],
+                            code_tabs[low * 256 : low * 256 + 256],
+                            code_tabs[high * 256 : high * 256 + 256],
+                            val,
+                            key,
+                            fmt,
+                        )
+                        meta[pair_stamp0 + low] = band
+                    word_info |= _SSE_FLAG
+                info[tc * 128 + cmax] = word_info
+            # pass 2 (mse): the two sums of squared error of each saturating group, four groups
+            # interleaved so that the eight sequential float64 chains overlap
+            i = 0
+            while i < n_sse:
+                # four groups at a time (the last ones repeated to fill the four); the intrinsic
+                # interleaves their eight float64 sums
+                last = n_sse - 1
+                q0, q1, q2, q3 = i, min(i + 1, last), min(i + 2, last), min(i + 3, last)
+                decisions = _sse_decisions(
+                    codes,
+                    row_start + np.uint64(sse_groups[q0] * GROUP_SIZE),
+                    row_start + np.uint64(sse_groups[q1] * GROUP_SIZE),
+                    row_start + np.uint64(sse_groups[q2] * GROUP_SIZE),
+                    row_start + np.uint64(sse_groups[q3] * GROUP_SIZE),
+                    sq_tabs,
+                    np.uint64((sse_info[q0] & _SLOT_MASK) * 512),
+                    np.uint64((sse_info[q1] & _SLOT_MASK) * 512),
+                    np.uint64((sse_info[q2] & _SLOT_MASK) * 512),
+                    np.uint64((sse_info[q3] & _SLOT_MASK) * 512),
+                )
+                for d in range(min(4, n_sse - i)):
+                    if decisions & (1 << d):  # ties stay at E_floor
+                        _take_high(gtab, scales_out, sse_groups[i + d], scale_row, (sse_info[i + d] >> 24) & _SLOT_MASK)
+                i += 4
+            # pass 3: table lookups
+            if vector_lookup:
+                fp4 = fmt == _FMT_E2M1
+                out_group = pk // n_groups  # payload bytes per group: 32 (E4M3) or 16 (E2M1)
+                for g in range(n_groups):
+                    if group_tc[g] >= 0:
+                        _lookup_group_avx2(
+                            codes, r * k + g * GROUP_SIZE, code_tabs, gtab[g], payload, r * pk + g * out_group, fp4
+                        )
+            elif fmt == _FMT_E4M3:
+                for g in range(n_groups):
+                    if group_tc[g] < 0:
+                        continue
+                    tab = np.uint64(gtab[g])
+                    w = (row_start >> np.uint64(3)) + np.uint64(4 * g)
+                    for q in range(4):
+                        word = words[w + np.uint64(q)]
+                        o = np.uint64(0)
+                        for b in range(8):
+                            code = code_tabs[tab + ((word >> np.uint64(8 * b)) & np.uint64(0xFF))]
+                            o |= np.uint64(code) << np.uint64(8 * b)
+                        out_words[w + np.uint64(q)] = o
+            else:
+                for g in range(n_groups):
+                    if group_tc[g] < 0:
+                        continue
+                    tab = np.uint64(gtab[g])
+                    w = (row_start >> np.uint64(3)) + np.uint64(4 * g)
+                    ow = np.uint64((r * pk >> 3) + 2 * g)
+                    for half in range(2):
+                        o = np.uint64(0)
+                        for q in range(2):
+                            word = words[w + np.uint64(2 * half + q)]
+                            for b in range(8):
+                                code = code_tabs[tab + ((word >> np.uint64(8 * b)) & np.uint64(0xFF))]
+                                o |= np.uint64(code) << np.uint64(32 * q + 4 * b)
+                        out_words[ow + np.uint64(half)] = o
+        if not straddling:
+            continue
+        # --- groups across tiles (bk % 32 != 0), or every group on _PATH_DIRECT
+        for r in range(r0, r1):
+            for g in range(n_groups):
+                if group_tc[g] >= 0:
+                    continue
+                kk = g * GROUP_SIZE
+                for j in range(GROUP_SIZE):
+                    c = codes2d[r, kk + j]
+                    if (c & np.uint8(0x7F)) == 0x7F:
+                        return 1
+                    gv[j] = _resolve(_E4M3_DECODE[c], scale[t, (kk + j) // bk], bf16)
+                e = _direct_group(
+                    gv, gout, fmt, rule, emax, max_mantissa, max_exponent, sbit, glo, ghi
+                )
+                if e < 0:
+                    return 1
+                scales2d[r, g] = np.uint8(e)
+                if fmt == _FMT_E4M3:
+                    for j in range(GROUP_SIZE):
+                        payload2d[r, kk + j] = gout[j]
+                else:
+                    h0 = g * (GROUP_SIZE // 2)
+                    for j in range(GROUP_SIZE // 2):
+                        payload2d[r, h0 + j] = gout[2 * j] | (gout[2 * j + 1] << np.uint8(4))
+    return 0
+
+
+_RESOLVE_SIG = types.none(
+    types.Array(types.uint8, 2, "C", readonly=True),
+    types.Array(types.float32, 2, "C", readonly=True),
+    types.int64,
+    types.int64,
+    types.int64,
+    types.Array(types.uint16, 2, "C"),
+)
+
+
+@njit(_RESOLVE_SIG, cache=True, nogil=True)
+def _resolve_bf16_kernel(codes, scale, bn, bk, row_offset, out):
+    """out[r, k] = BF16 bits of R(fp8 * s), one 256-entry table per tile."""
+    rows, k = codes.shape
+    tab = np.empty(256, dtype=np.uint16)
+    if rows == 0:
+        return
+    for t in range(row_offset // bn, (row_offset + rows - 1) // bn + 1):
+        r0 = max(t * bn - row_offset, 0)
+        r1 = min((t + 1) * bn - row_offset, rows)
+        for tc in range(scale.shape[1]):
+            s = scale[t, tc]
+            for c in range(256):
+                tab[c] = np.uint16(_f32_bits(_bf16_round(_E4M3_DECODE[c] * s)) >> np.uint32(16))
+            k0 = tc * bk
+            k1 = min(k0 + bk, k)
+            for r in range(r0, r1):
+                for kk in range(k0, k1):
+                    out[r, kk] = tab[codes[r, kk]]
+
+
+@njit(types.int64(types.Array(types.uint8, 1, "C", readonly=True)), cache=True, nogil=True)
+def _first_nan_kernel(flat):
+    """Flat index of the first code with (c & 0x7F) == 0x7F, or -1."""
+    n = flat.shape[0]
+    block = 4096
+    for start in range(0, n, block):
+        stop = min(start + block, n)
+        acc = np.uint8(0)
+        for i in range(start, stop):
+            acc |= (flat[i] & np.uint8(0x7F)) + np.uint8(1)  # bit 7 set only for 0x7F
+        if acc & np.uint8(0x80):
+            for i in range(start, stop):
+                if (flat[i] & np.uint8(0x7F)) == 0x7F:
+                    return i
+    return -1
+
+
+# --- the public functions (requantize.py's signatures) -----------------------------------------
+
+
+def _fmt_id(fmt) -> int | None:
+    if fmt == E4M3:
+        return _FMT_E4M3
+    if fmt == E2M1:
+        return _FMT_E2M1
+    return None
+
+
+def _prepare(codes, scale_inv, block, row_offset):
+    """(codes, scale, bn, bk) ready for a kernel, or None when the reference must decide."""
+    if not isinstance(codes, np.ndarray) or codes.dtype != np.uint8 or codes.ndim != 2:
+        return None
+    scale = np.asarray(scale_inv)
+    if scale.dtype not in (np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)):
+        return None
+    try:
+        bn, bk = (int(b) for b in block)
+        row_offset = int(row_offset)
+    except (TypeError, ValueError):
+        return None
+    if bn <= 0 or bk <= 0 or row_offset < 0:
+        return None
+    rows, k = codes.shape
+    if rows == 0 or k == 0:
+        return None
+    if scale.ndim != 2 or scale.shape[1] != -(-k // bk) or scale.shape[0] < -(-(row_offset + rows) // bn):
+        return None
+    if not codes.flags.c_contiguous or codes.ctypes.data % 8:
+        codes = np.array(codes, order="C")  # the kernels read codes as 8-byte words
+    scale = np.ascontiguousarray(scale, dtype=np.float32)  # exact widening of f16/bf16
+    return codes, scale, bn, bk, row_offset
+
+
+_THREAD = threading.local()
+
+
+def _scratch(tile_cols: int, slots: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """This thread's kernel scratch (see `_requantize_kernel`) for `tile_cols` tile columns and at
+    least `slots` table slots, kept across calls: a few MB, touched only where used."""
+    held = getattr(_THREAD, "scratch", None)
+    if held is None or held[0] < tile_cols or held[1] < slots:
+        columns = max(tile_cols, 64, held[0] if held else 0)
+        capacity = max(slots, 8 * columns + 64, held[1] if held else 0)
+        held = (
+            columns,
+            capacity,
+            np.empty(capacity * 256, dtype=np.uint8),
+            np.empty(capacity * 512, dtype=np.float64),
+            np.zeros(512 * columns + capacity + 1, dtype=np.int64),
+            np.empty(128 * columns, dtype=np.int64),
+        )
+        _THREAD.scratch = held
+    return held[2:]
+
+
+def requantize_rows(
+    codes: np.ndarray,
+    scale_inv: np.ndarray,
+    block: tuple[int, int],
+    row_offset: int,
+    resolve_dtype: str,
+    fmt,
+    rule: str,
+    *,
+    out: np.ndarray | None = None,
+    _path: str = "auto",
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rows [row_offset, row_offset + len(codes)) of a block-FP8 weight -> (payload, scale bytes).
+
+    Same contract and bytes as `requantize.requantize_rows`. `out`, optional, is a C-contiguous
+    uint8 array of the payload's shape to write the payload into (convert recycles its buffers).
+    `_path` is for tests: "auto" (tables, AVX2 lookups where available), "scalar" (tables, scalar
+    lookups) or "direct" (the per-element path for every group).
+    """
+    prepared = _prepare(codes, scale_inv, block, row_offset)
+    fmt_id = _fmt_id(fmt)
+    if (
+        prepared is None
+        or fmt_id is None
+        or resolve_dtype not in ("bf16", "fp32")
+        or rule not in SCALE_RULES
+        or prepared[0].shape[1] % GROUP_SIZE
+    ):
+        return _reference.requantize_rows(codes, scale_inv, block, row_offset, resolve_dtype, fmt, rule)
+    c, scale, bn, bk, offset = prepared
+    rows, k = c.shape
+    payload_shape = (rows, k if fmt_id == _FMT_E4M3 else k // 2)
+    payload = _output(out, payload_shape, np.uint8)
+    scales = np.empty((rows, k // GROUP_SIZE), dtype=np.uint8)
+    slots = 0
+    while True:
+        status = _requantize_kernel(
+            c,
+            scale,
+            bn,
+            bk,
+            offset,
+            resolve_dtype == "bf16",
+            fmt_id,
+            _RULE_IDS[rule],
+            _PATHS[_path],
+            payload,
+            scales,
+            *_scratch(scale.shape[1], slots),
+        )
+        if status != _SLOTS_EXHAUSTED:
+            break
+        slots = 2 * _THREAD.scratch[1]  # a tile row needed more tables than usual: start over
+    if status:  # NaN code or non-finite value: the reference raises its own error
+        return _reference.requantize_rows(codes, scale_inv, block, row_offset, resolve_dtype, fmt, rule)
+    return payload, scales
+
+
+def resolve_rows_bf16(
+    codes: np.ndarray, scale_inv: np.ndarray, block: tuple[int, int], row_offset: int, *, out: np.ndarray | None = None
+) -> np.ndarray:
+    """Rows of a block-FP8 weight resolved to BF16 (same bytes as `requantize.resolve_rows_bf16`).
+
+    `out`, optional, is a C-contiguous 2-byte array (uint16 or bfloat16) of the codes' shape to
+    write the result into."""
+    prepared = _prepare(codes, scale_inv, block, row_offset)
+    if prepared is None:
+        return _reference.resolve_rows_bf16(codes, scale_inv, block, row_offset)
+    c, scale, bn, bk, offset = prepared
+    result = _output(out, c.shape, np.uint16)
+    _resolve_bf16_kernel(c, scale, bn, bk, offset, result)
+    return result.view(ml_dtypes.bfloat16)
+
+
+def _output(out: np.ndarray | None, shape: tuple[int, ...], dtype) -> np.ndarray:
+    """`out` checked and viewed as `dtype`, or a new array (the kernels store 8-byte words)."""
+    if out is None:
+        return np.empty(shape, dtype=dtype)
+    dtype = np.dtype(dtype)
+    if (
+        not isinstance(out, np.ndarray)
+        or out.shape != shape
+        or out.dtype.itemsize != dtype.itemsize
+        or not out.flags.c_contiguous
+        or not out.flags.writeable
+        or out.ctypes.data % 8
+    ):
+        raise ValueError(
+            f"out must be a writable, C-contiguous, 8-byte aligned array of shape {shape} and itemsize {dtype.itemsize}"
+        )
+    return out.view(dtype)
+
+
+def first_nan_code(codes: np.ndarray) -> tuple[int, ...] | None:
+    """Index of the first E4M3 NaN code (0x7F / 0xFF), or None."""
+    if not isinstance(codes, np.ndarray) or codes.dtype != np.uint8 or codes.ndim == 0:
+        return _reference.first_nan_code(codes)
+    flat = np.ascontiguousarray(codes).reshape(-1)
+    hit = _first_nan_kernel(flat)
+    return None if hit < 0 else tuple(int(i) for i in np.unravel_index(hit, codes.shape))
