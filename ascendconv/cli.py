@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 from pathlib import Path
@@ -103,6 +104,11 @@ def convert(
     from ascendconv.convert import ConvertOptions, convert as run_convert
     from ascendconv.io.hfcache import resolve_source
     from ascendconv.plan import Override, parse_size
+
+    # A one-shot process: every full collection would walk the objects numba and numpy created at
+    # import, for nothing. Move them out of the collector's way (this also spares the final
+    # collection at exit); a library caller keeps its own collector untouched.
+    gc.freeze()
 
     def action():
         options = ConvertOptions(

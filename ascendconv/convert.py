@@ -25,7 +25,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from ascendconv import __version__
-from ascendconv.errors import BadOptionError, NaNCodeError, OutputExistsError
+from ascendconv.errors import BadOptionError, NaNCodeError, NonFiniteValueError, OutputExistsError
 from ascendconv.formats.constants import E2M1, E4M3, W4A8_MXFP
 from ascendconv.io.safetensors import ShardWriter, TensorEntry
 from ascendconv.io.source import Fp8Linear, SourceCheckpoint, find_quantization_config
@@ -42,6 +42,8 @@ from ascendconv.plan import (
 
 KERNELS = ("numba", "reference")
 CHUNK_ELEMENTS = {"numba": 16 * 2**20, "reference": 4 * 2**20}  # source elements per work item
+COPY_CHUNK_BYTES = 16 * 2**20  # bytes per work item of a tensor copied as it is
+PREFETCH_ITEMS = 3  # chunks the reader may hold ahead of the workers
 SHARD_METADATA = {"format": "pt"}  # what torch-saved safetensors carry; loaders accept it
 
 Progress = Callable[[int, int], None]  # (source bytes done, source bytes total)
@@ -174,23 +176,65 @@ class WorkItem:
     entry: TensorEntry
     start: int
     count: int
-    compute: Callable[[bytearray], list[tuple]]  # -> write operations
+    compute: Callable[[np.ndarray], list[tuple]]  # the bytes read (uint8) -> write operations
+
+
+class BufferPool:
+    """Recycled uint8 buffers of one size for the chunks in flight.
+
+    Streaming a checkpoint through fresh buffers would touch (fault in and zero) as much new memory
+    as the checkpoint is large; recycling keeps the conversion on the same few pages. `take` never
+    waits: it hands out a free buffer or makes one, so the number of buffers is the most ever in
+    flight at once, which the pipeline's bounded queues limit. Requests larger than the pool's size
+    get a buffer of their own, never recycled.
+    """
+
+    def __init__(self, nbytes: int):
+        self.nbytes = nbytes
+        self._free: list[np.ndarray] = []
+        self._owned: dict[int, np.ndarray] = {}  # every buffer made, by id (held, so ids stay unique)
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> np.ndarray:
+        if nbytes > self.nbytes:
+            return np.empty(nbytes, dtype=np.uint8)
+        with self._lock:
+            if self._free:
+                return self._free.pop()[:nbytes]
+            buffer = np.empty(self.nbytes, dtype=np.uint8)
+            self._owned[id(buffer)] = buffer
+        return buffer[:nbytes]
+
+    def give(self, given: set[int], array) -> None:
+        """Take back the pool buffer that `array` views, if it views one (once per buffer: `given`
+        holds the ids already taken back for one work item)."""
+        base = array
+        while isinstance(base, np.ndarray) and self._owned.get(id(base)) is not base:
+            base = base.base
+        if not isinstance(base, np.ndarray) or id(base) in given:
+            return
+        given.add(id(base))
+        with self._lock:
+            self._free.append(base)
 
 
 def write_shards(
     source: SourceCheckpoint, plan: Plan, kernel: Kernel, staging: Path, workers: int, progress: Progress | None
 ) -> dict[str, str]:
-    items = list(work_items(source, plan, kernel))
+    pools = {"out": BufferPool(2 * CHUNK_ELEMENTS[kernel.name])}
+    items = list(work_items(source, plan, kernel, pools))
     total = sum(item.count for item in items)
     done = 0
-    prefetched: queue.Queue = queue.Queue(maxsize=2)
+    prefetched: queue.Queue = queue.Queue(maxsize=PREFETCH_ITEMS)
     to_write: queue.Queue = queue.Queue(maxsize=workers + 1)
     stop = threading.Event()
 
     def read_ahead() -> None:
         try:
             for item in items:
-                data = source.reader.read_bytes(item.entry, item.start, item.count)
+                # mapped, not copied: the source is read straight from the page cache, and the
+                # mapping goes away with the last reference to it (once the chunk is written)
+                data = source.reader.map_range(item.entry, item.start, item.count)
                 while not stop.is_set():
                     try:
                         prefetched.put(data, timeout=0.1)
@@ -208,10 +252,20 @@ def write_shards(
     def write_behind() -> None:
         try:
             while True:
-                ops = to_write.get()
-                if ops is None:
+                job = to_write.get()
+                if job is None:
                     return
+                data, ops = job
+                if stop.is_set():
+                    continue  # failing: drain without writing
                 writer.apply(ops)
+                # the bytes are in the shard writer's hands now: recycle the item's buffers
+                given: set[int] = set()
+                for pool in pools.values():
+                    pool.give(given, data)
+                    for op in ops:
+                        if op[0] == "write":
+                            pool.give(given, op[2])
         except BaseException as exc:
             writer_error.append(exc)
             while to_write.get() is not None:  # drain so the producer never blocks
@@ -228,7 +282,7 @@ def write_shards(
                 data = prefetched.get()
                 if isinstance(data, BaseException):
                     raise data
-                pending.append((item, pool.submit(item.compute, data)))
+                pending.append((item, data, pool.submit(item.compute, data)))
                 while len(pending) > workers:
                     done = _hand_over(pending.popleft(), to_write, writer_error, done, total, progress)
             while pending:
@@ -241,16 +295,17 @@ def write_shards(
     except BaseException:
         stop.set()
         to_write.put(None)
+        writer_thread.join()  # the shard writer is the writer thread's until it stops
         writer.abort()
         raise
 
 
-def _hand_over(pair, to_write: queue.Queue, writer_error: list, done: int, total: int, progress: Progress | None) -> int:
-    item, future = pair
+def _hand_over(job, to_write: queue.Queue, writer_error: list, done: int, total: int, progress: Progress | None) -> int:
+    item, data, future = job
     ops = future.result()
     if writer_error:
         raise writer_error[0]
-    to_write.put(ops)
+    to_write.put((data, ops))
     done += item.count
     if progress:
         progress(done, total)
@@ -309,7 +364,9 @@ class PackageShardWriter:
             self.current.abort()
 
 
-def work_items(source: SourceCheckpoint, plan: Plan, kernel: Kernel) -> Iterator[WorkItem]:
+def work_items(
+    source: SourceCheckpoint, plan: Plan, kernel: Kernel, pools: dict[str, BufferPool] | None = None
+) -> Iterator[WorkItem]:
     linears = {linear.weight.name: linear for linear in source.linears.values()}
     chunk_elements = CHUNK_ELEMENTS[kernel.name]
     for tensor in plan.tensors:
@@ -319,13 +376,13 @@ def work_items(source: SourceCheckpoint, plan: Plan, kernel: Kernel) -> Iterator
         if entry.nbytes == 0:
             continue
         if tensor.kind == "copy":
-            step = chunk_elements * 4
+            step = COPY_CHUNK_BYTES
             for start in range(0, entry.nbytes, step):
                 yield WorkItem(entry, start, min(step, entry.nbytes - start), _copy_op(tensor.name))
         elif tensor.kind == "bias_f32":
             yield WorkItem(entry, 0, entry.nbytes, _bias_op(tensor.name, entry.dtype))
         else:
-            yield from _linear_items(source, plan, kernel, tensor, linears[tensor.source], chunk_elements)
+            yield from _linear_items(source, plan, kernel, tensor, linears[tensor.source], chunk_elements, pools)
 
 
 def _copy_op(name: str):
@@ -339,30 +396,58 @@ def _bias_op(name: str, dtype: str):
 
 
 def _linear_items(
-    source: SourceCheckpoint, plan: Plan, kernel: Kernel, tensor: OutputTensor, linear: Fp8Linear, chunk_elements: int
+    source: SourceCheckpoint,
+    plan: Plan,
+    kernel: Kernel,
+    tensor: OutputTensor,
+    linear: Fp8Linear,
+    chunk_elements: int,
+    pools: dict[str, BufferPool] | None = None,
 ) -> Iterator[WorkItem]:
     n, k = linear.shape
     scale = source.read_scale(linear)
     block = source.quant.block
     rows_per_chunk = max(1, chunk_elements // max(k, 1))
     fmt = E2M1 if tensor.quant_type == W4A8_MXFP else E4M3
+    # output bytes per row: BF16 (resolve), E4M3 codes or packed E2M1
+    out_row_bytes = 2 * k if tensor.kind == "resolve" else k if fmt is E4M3 else k // 2
     scale_name = linear.prefix + ".weight_scale"
+
+    def check_nan(codes: np.ndarray, row_start: int) -> None:
+        nan_at = kernel.first_nan_code(codes)
+        if nan_at is not None:
+            raise NaNCodeError(
+                f"{linear.weight.path.name}: {linear.weight.name!r} holds a NaN code "
+                f"(0x{codes[nan_at]:02X}) at row {row_start + nan_at[0]}, column {nan_at[1]}"
+            )
+
     for row_start in range(0, n, rows_per_chunk):
         rows = min(rows_per_chunk, n - row_start)
 
-        def compute(data: bytearray, row_start=row_start, rows=rows) -> list[tuple]:
+        def compute(data, row_start=row_start, rows=rows) -> list[tuple]:
             codes = np.frombuffer(data, np.uint8).reshape(rows, k)
-            nan_at = kernel.first_nan_code(codes)
-            if nan_at is not None:
-                raise NaNCodeError(
-                    f"{linear.weight.path.name}: {linear.weight.name!r} holds a NaN code "
-                    f"(0x{codes[nan_at]:02X}) at row {row_start + nan_at[0]}, column {nan_at[1]}"
-                )
+            # the numba kernels write into recycled buffers (`out`); the reference allocates
+            out = {} if pools is None or kernel.name != "numba" else {"out": pools["out"].take(rows * out_row_bytes)}
             if tensor.kind == "resolve":
-                return [("write", tensor.name, kernel.resolve_rows_bf16(codes, scale, block, row_start))]
-            payload, scales = kernel.requantize_rows(
-                codes, scale, block, row_start, plan.resolve_dtype, fmt, plan.scale_rule
-            )
+                check_nan(codes, row_start)
+                if out:
+                    out["out"] = out["out"].view(np.uint16).reshape(rows, k)
+                return [("write", tensor.name, kernel.resolve_rows_bf16(codes, scale, block, row_start, **out))]
+            if out:
+                out["out"] = out["out"].reshape(rows, -1)
+            try:
+                payload, scales = kernel.requantize_rows(
+                    codes, scale, block, row_start, plan.resolve_dtype, fmt, plan.scale_rule, **out
+                )
+            except ValueError as exc:
+                # Both kernels refuse non-finite input, NaN codes included, so the codes need no
+                # scan of their own on the way in: name the first NaN code if that was the cause,
+                # else the overflow of code x tile scale.
+                check_nan(codes, row_start)
+                raise NonFiniteValueError(
+                    f"{linear.weight.path.name}: {linear.weight.name!r} rows {row_start}..{row_start + rows - 1} "
+                    f"resolve to NaN/Inf with their tile scales from {linear.scale.name!r} ({exc})"
+                ) from exc
             return [("write", tensor.name, payload), ("collect", scale_name, scales, row_start + rows == n)]
 
         yield WorkItem(linear.weight, row_start * k, rows * k, compute)

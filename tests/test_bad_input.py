@@ -50,6 +50,15 @@ def nan_scale(t):
     t[Q + ".weight_scale_inv"] = (dtype, shape, bytes(raw))
 
 
+def huge_scale(t):
+    import ml_dtypes
+
+    dtype, shape, data = t[Q + ".weight_scale_inv"]
+    values = np.frombuffer(data, ml_dtypes.bfloat16).copy()
+    values[0] = 1e38  # finite, but code x scale overflows float32
+    t[Q + ".weight_scale_inv"] = (dtype, shape, values.tobytes())
+
+
 def nan_code(t):
     dtype, shape, data = t[Q + ".weight"]
     raw = bytearray(data)
@@ -66,6 +75,7 @@ def nan_code(t):
         (reshape_scale, "ScaleShapeError", [Q + ".weight_scale_inv", "has shape [2, 1], expected [1, 2]"]),
         (nan_scale, "NonFiniteScaleError", [Q + ".weight_scale_inv", "nan"]),
         (nan_code, "NaNCodeError", [Q + ".weight", "0x7F", "row 3, column 5"]),
+        (huge_scale, "NonFiniteValueError", [Q + ".weight", Q + ".weight_scale_inv", "NaN/Inf"]),
     ],
 )
 def test_named_source_errors(fixture_copy, tmp_path, edit, error, words):
