@@ -48,5 +48,8 @@ def resolve_tiles(
 
     row_scales = scale[(row_offset + np.arange(n)) // bn]  # [n, tile_cols]
     element_scales = np.repeat(row_scales, bk, axis=1)[:, :k]  # the last tile column is cropped
-    resolved = decode_e4m3(codes) * element_scales  # float32 * float32: one IEEE rounding
+    # float32 * float32: one IEEE rounding. A product beyond float32 becomes inf, which the MX
+    # quantizer refuses as non-finite input and convert reports as NonFiniteValueError.
+    with np.errstate(over="ignore"):
+        resolved = decode_e4m3(codes) * element_scales
     return bf16_round(resolved) if dtype == "bf16" else resolved
