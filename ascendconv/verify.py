@@ -737,9 +737,9 @@ def _scan_chunk(lay: _Layout, entry: TensorEntry, data: bytearray, row_start: in
             )
     elif entry.dtype == "F8_E4M3":
         raw = np.frombuffer(data, np.uint8)
-        hits = np.flatnonzero((raw & 0x7F) == 0x7F)
-        if hits.size:
-            flat = int(hits[0])
+        hit = requantize.first_nan_code(raw)
+        if hit is not None:
+            (flat,) = hit
             findings.payload.append(
                 f"{name!r} ({entry.path.name}) holds the E4M3 NaN code 0x{raw[flat]:02X} at "
                 f"{_position(entry, flat, row_start)}"
