@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import Callable, List, Optional
@@ -18,7 +19,7 @@ from rich.cells import cell_len
 from rich.text import Text
 
 from ascendconv import __version__
-from ascendconv.errors import EXIT_INTERRUPTED, AscendconvError
+from ascendconv.errors import EXIT_INTERRUPTED, AscendconvError, Interrupted
 
 app = typer.Typer(
     add_completion=False,
@@ -54,9 +55,11 @@ def run(action: Callable[[], object], as_json: bool) -> object:
         if exc.hint:
             err.print(f"[dim]hint:[/] {escape(exc.hint)}", highlight=False, soft_wrap=True)
         raise typer.Exit(exc.exit_code)
-    except KeyboardInterrupt:
-        err.print("[bold red]interrupted[/]: nothing was left at the output path")
-        raise typer.Exit(EXIT_INTERRUPTED)
+    except KeyboardInterrupt as exc:
+        what = f"by {signal.Signals(exc.signum).name}" if isinstance(exc, Interrupted) else ""
+        outcome = getattr(exc, "outcome", None)
+        err.print(f"[bold red]interrupted[/] {what}" + (f": {escape(outcome)}" if outcome else ""), highlight=False)
+        raise typer.Exit(exc.exit_code if isinstance(exc, Interrupted) else EXIT_INTERRUPTED)
 
 
 def human_bytes(n: float) -> str:

@@ -25,8 +25,9 @@ from typing import Callable, Iterator
 import numpy as np
 
 from ascendconv import __version__
-from ascendconv.errors import BadOptionError, NaNCodeError, NonFiniteValueError, OutputExistsError
+from ascendconv.errors import BadOptionError, NaNCodeError, NonFiniteValueError
 from ascendconv.formats.constants import E2M1, E4M3, W4A8_MXFP
+from ascendconv.io.outdir import StagedOutput, check_output, signals_interrupt
 from ascendconv.io.safetensors import ShardWriter, TensorEntry
 from ascendconv.io.source import Fp8Linear, SourceCheckpoint, find_quantization_config
 from ascendconv.plan import (
@@ -99,26 +100,19 @@ class Kernel:
 
 
 def plan_for(source: SourceCheckpoint, options: ConvertOptions) -> Plan:
+    companions, unsafe = source.companion_files()
     return make_plan(
         source.tensors,
         source.linears,
-        [p.name for p in source.root.iterdir() if p.is_file()],
+        companions,
         source.total_bytes,
         scheme=options.scheme,
         scale_rule=options.scale_rule,
         resolve_dtype=options.resolve_dtype,
         overrides=options.overrides,
         max_shard_size=options.max_shard_size,
+        unsafe_files=unsafe,
     )
-
-
-def check_output(out: Path, source_root: Path, overwrite: bool) -> None:
-    if out.resolve() == source_root.resolve():
-        raise OutputExistsError(f"{out}: the output directory is the source directory")
-    if out.exists() and not out.is_dir():
-        raise OutputExistsError(f"{out}: exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise OutputExistsError(f"{out}: exists and is not empty")
 
 
 def convert(
@@ -136,34 +130,17 @@ def convert(
         kernel = Kernel(options.kernel)
         if dry_run:
             return ConvertResult(out, plan, kernel.name, time.perf_counter() - started, True, {}, 0)
-        check_output(out, source.root, options.overwrite)
-        staging = out.parent / f".{out.name}.ascendconv-partial-{os.getpid()}"
-        if staging.exists():
-            shutil.rmtree(staging)
-        staging.mkdir(parents=True)
-        try:
+        check = lambda: check_output(out, source.root, options.overwrite, DESCRIPTION_NAME)  # noqa: E731
+        check()  # before anything is created; again under the lock
+        with signals_interrupt(), StagedOutput(out, check) as staged:
             workers = options.workers or os.cpu_count() or 1
-            digests = write_shards(source, plan, kernel, staging, workers, progress)
-            write_package_files(source, plan, staging, kernel.name, digests)
-            bytes_written = sum((staging / name).stat().st_size for name in digests)
-            publish(staging, out)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
+            digests = write_shards(source, plan, kernel, staged.staging, workers, progress)
+            write_package_files(source, plan, staged.staging, kernel.name, digests)
+            bytes_written = sum((staged.staging / name).stat().st_size for name in digests)
+            staged.publish()
         return ConvertResult(out, plan, kernel.name, time.perf_counter() - started, False, digests, bytes_written)
     finally:
         source.close()
-
-
-def publish(staging: Path, out: Path) -> None:
-    """Move the finished package into place; an old OUT (checked by the caller) is replaced."""
-    if out.is_dir():
-        trash = out.parent / f".{out.name}.ascendconv-old-{os.getpid()}"
-        out.rename(trash)
-        staging.rename(out)
-        shutil.rmtree(trash)
-    else:
-        staging.rename(out)
 
 
 # --- the streaming pipeline -------------------------------------------------------------------
@@ -482,7 +459,8 @@ def write_package_files(source: SourceCheckpoint, plan: Plan, staging: Path, ker
         if name == "config.json":
             dump_json(staging / name, strip_quantization_config(source.config))
         else:
-            shutil.copyfile(source.root / name, staging / name)
+            # the real path was checked to stay inside the source; copy that, not the link
+            shutil.copyfile(os.path.realpath(source.root / name), staging / name)
     _, location = find_quantization_config(source.config)
     dump_json(
         staging / PROVENANCE_NAME,

@@ -13,6 +13,19 @@ EXIT_INPUT = 3
 EXIT_INTERRUPTED = 130
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGINT, SIGTERM or SIGHUP, raised in the main thread so that cleanup runs; the exit code is
+    the shell's 128 + signal number. `outcome` (set by whoever cleaned up) says what is left."""
+
+    def __init__(self, signum: int = 2):
+        super().__init__(signum)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
 class AscendconvError(Exception):
     """Base of every error the tool reports to a user."""
 
@@ -45,6 +58,14 @@ class OutputExistsError(UsageError):
 
 class BadOptionError(UsageError):
     pass
+
+
+class UnsafeOutputError(UsageError):
+    default_hint = "choose a new or empty directory outside the source"
+
+
+class OutputBusyError(UsageError):
+    default_hint = "wait for the other run to finish, or choose another OUT"
 
 
 # --- invalid or unreadable input (exit 3) -----------------------------------------------------

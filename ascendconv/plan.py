@@ -229,6 +229,7 @@ class Plan:
     shards: list[ShardPlan]
     copied_files: list[str]
     bytes_in: int
+    skipped_files: dict[str, str] = field(default_factory=dict)  # source file -> why it is not copied
 
     @property
     def fallbacks(self) -> list[ModuleDecision]:
@@ -295,6 +296,7 @@ class Plan:
             "fallbacks": [d.to_dict() for d in self.fallbacks],
             "shards": [{"file": s.file, "tensors": len(s.tensors), "bytes": s.nbytes} for s in self.shards],
             "copied_files": self.copied_files,
+            "skipped_files": self.skipped_files,
         }
 
 
@@ -364,15 +366,25 @@ def assign_shards(tensors: list[OutputTensor], max_shard_size: int) -> tuple[lis
     return placed, shards
 
 
-def files_to_copy(names: list[str]) -> list[str]:
-    """Top-level source files the package carries: configs, tokenizer, templates, code, docs."""
-    keep = []
+def written_by_package(name: str) -> bool:
+    """A name the package writes itself: a source file of that name would overwrite or shadow it."""
+    return name in (DESCRIPTION_NAME, INDEX_NAME, PROVENANCE_NAME) or name.startswith("quant_model_weights")
+
+
+def files_to_copy(names: list[str]) -> tuple[list[str], dict[str, str]]:
+    """Top-level source files the package carries (configs, tokenizer, templates, code, docs), and
+    the ones it leaves out although they are not weights, with why."""
+    keep: list[str] = []
+    skipped: dict[str, str] = {}
     for name in sorted(names):
         lower = name.lower()
         if name.startswith(".") or lower.endswith(WEIGHT_FILE_SUFFIXES) or name in SKIPPED_FILES:
             continue
+        if written_by_package(name):
+            skipped[name] = "the package writes a file of this name itself"
+            continue
         keep.append(name)
-    return keep
+    return keep, skipped
 
 
 def make_plan(
@@ -385,6 +397,7 @@ def make_plan(
     resolve_dtype: str = "bf16",
     overrides: list[Override] | None = None,
     max_shard_size: int = DEFAULT_MAX_SHARD_SIZE,
+    unsafe_files: dict[str, str] | None = None,
 ) -> Plan:
     from ascendconv.formats.constants import SCALE_RULES
 
@@ -396,6 +409,7 @@ def make_plan(
         raise BadOptionError("--max-shard-size must not be negative")
     decisions = decide_modules(linears, scheme, overrides or [])
     placed, shards = assign_shards(output_tensors(tensors, linears, decisions), max_shard_size)
+    copied, skipped = files_to_copy(source_files)
     return Plan(
         scheme=scheme,
         scale_rule=scale_rule,
@@ -404,8 +418,9 @@ def make_plan(
         decisions=decisions,
         tensors=placed,
         shards=shards,
-        copied_files=files_to_copy(source_files),
+        copied_files=copied,
         bytes_in=bytes_in,
+        skipped_files={**(unsafe_files or {}), **skipped},
     )
 
 

@@ -65,3 +65,32 @@ def converted(tmp_path_factory):
         return _converted[key]
 
     return make
+
+
+def write_large_checkpoint(root: Path, shards: int = 2, linears_per_shard: int = 2, n: int = 2048, k: int = 8192) -> Path:
+    """A block-FP8 checkpoint of real weight bytes, big enough that converting it takes a while
+    (shards x linears x n x k bytes): for tests that must catch a conversion in the middle."""
+    import json
+
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(7)
+    weight_map = {}
+    for shard in range(shards):
+        file = f"model-{shard + 1:05d}-of-{shards:05d}.safetensors"
+        tensors = {}
+        for i in range(linears_per_shard):
+            prefix = f"model.layers.{shard * linears_per_shard + i}.mlp.down_proj"
+            codes = rng.integers(0, 0x7E, size=(n, k), dtype=np.uint8)  # no NaN codes (0x7F, 0xFF)
+            scales = rng.uniform(1e-4, 1e-3, size=(-(-n // 128), -(-k // 128))).astype(np.float32)
+            tensors[prefix + ".weight"] = ("F8_E4M3", (n, k), codes.tobytes())
+            tensors[prefix + ".weight_scale_inv"] = ("F32", scales.shape, scales.tobytes())
+        save_shard(root / file, tensors)
+        weight_map.update({name: file for name in tensors})
+    config = {
+        "model_type": "qwen3",
+        "num_hidden_layers": shards * linears_per_shard,
+        "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128], "activation_scheme": "dynamic"},
+    }
+    (root / "config.json").write_text(json.dumps(config))
+    (root / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return root

@@ -161,8 +161,14 @@ def test_existing_output_is_refused_unless_overwrite(fixture_copy, tmp_path):
     result = run_convert(src, out)
     assert result.exit_code == 2 and "not empty" in result.stderr
     assert (out / "keep.txt").read_text() == "mine"
+    result = run_convert(src, out, "--overwrite")  # not a package: --overwrite refuses to delete it
+    assert result.exit_code == 2 and "only an earlier package" in result.stderr
+    assert (out / "keep.txt").read_text() == "mine"
+    (out / "keep.txt").unlink()
+    assert run_convert(src, out).exit_code == 0  # an empty OUT needs no --overwrite
+    (out / "stale.safetensors.index.json").write_text("{}")  # a file an earlier package may have held
     result = run_convert(src, out, "--overwrite")
-    assert result.exit_code == 0 and not (out / "keep.txt").exists()
+    assert result.exit_code == 0 and not (out / "stale.safetensors.index.json").exists()
     assert (out / "quant_model_description.json").exists()
 
 

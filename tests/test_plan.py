@@ -184,10 +184,19 @@ def test_files_to_copy_keeps_tokenizer_code_and_templates_but_no_weights():
         "vocab.tiktoken", "configuration_deepseek.py", "chat_template.jinja", "pytorch_model.bin", ".gitattributes",
         "merges.txt", "preprocessor_config.json",
     ]
-    assert files_to_copy(names) == [
+    assert files_to_copy(names) == ([
         "chat_template.jinja", "config.json", "configuration_deepseek.py", "merges.txt",
         "preprocessor_config.json", "tokenizer.model", "vocab.tiktoken",
-    ]
+    ], {})
+
+
+def test_files_to_copy_never_takes_a_name_the_package_writes():
+    names = ["config.json", "quant_model_description.json", "ascendconv_provenance.json",
+             "quant_model_weights.safetensors.index.json", "quant_model_weights-notes.txt"]
+    copied, skipped = files_to_copy(names)
+    assert copied == ["config.json"]
+    assert sorted(skipped) == sorted(names[1:])
+    assert all("writes a file of this name" in why for why in skipped.values())
 
 
 @pytest.mark.parametrize("text,value", [("0", 0), ("500MB", 500 * 10**6), ("2GiB", 2 * 2**30), ("4gib", 4 * 2**30), ("123", 123)])

@@ -9,6 +9,9 @@ from pathlib import Path
 from ascendconv.errors import NotCachedError, NotFoundError
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?$")
+# A revision is a branch or tag (which may hold '/') or a commit; never a path that climbs out.
+REVISION = re.compile(r"^(?!.*(^|/)\.\.?(/|$))[\w.-]+(/[\w.-]+)*$")
+COMMIT = re.compile(r"^(?!\.\.?$)[\w.-]+$")  # one path component: what a refs/ file names
 
 
 def hub_cache_dir() -> Path:
@@ -28,6 +31,8 @@ def resolve_source(text: str) -> Path:
     if not REPO_ID.match(text) or text.startswith((".", "/", "~")):
         raise NotFoundError(f"{text}: no such directory", "pass a checkpoint directory or a cached repo id")
     repo, _, revision = text.partition("@")
+    if revision and not REVISION.match(revision):
+        raise NotFoundError(f"{text}: {revision!r} is not a revision name", "name a branch, a tag or a commit hash")
     cache = hub_cache_dir()
     repo_dir = cache / ("models--" + repo.replace("/", "--"))
     snapshots = repo_dir / "snapshots"
@@ -35,8 +40,13 @@ def resolve_source(text: str) -> Path:
         raise NotCachedError(f"{text}: not a local directory and not in the Hugging Face cache at {cache}")
     revision = revision or "main"
     ref = repo_dir / "refs" / revision
-    commit = ref.read_text().strip() if ref.is_file() else revision
+    commit = ref.read_text(errors="replace").strip() if ref.is_file() else revision
+    if ref.is_file() and not COMMIT.match(commit):
+        raise NotCachedError(f"{text}: {ref} does not hold a commit hash", "the cache is damaged; download again")
     snapshot = snapshots / commit
+    # a snapshot links its files into the cache's blobs, but is itself a directory of the cache
+    if snapshot.is_symlink() or Path(os.path.realpath(snapshot)).parent != Path(os.path.realpath(snapshots)):
+        raise NotCachedError(f"{text}: {snapshot} is not a snapshot directory of the cache")
     if not snapshot.is_dir():
         available = sorted(p.name for p in snapshots.iterdir())
         raise NotCachedError(

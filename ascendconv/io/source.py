@@ -246,6 +246,31 @@ class SourceCheckpoint:
         linears = pair_fp8_linears(tensors, quant.block)
         return cls(root, config, config_path, quant, headers, tensors, linears)
 
+    def companion_files(self) -> tuple[list[str], dict[str, str]]:
+        """Top-level files that may be carried into the package, and the ones that may not, with why.
+
+        Only regular files whose real path stays inside the source directory qualify, or inside the
+        Hugging Face cache's blob store when the source is a cache snapshot (whose files link there):
+        a link to /proc/self/environ or a secret elsewhere must never end up in a package.
+        """
+        real_root = Path(os.path.realpath(self.root))
+        allowed = [real_root]
+        if real_root.parent.name == "snapshots":
+            allowed.append(real_root.parent.parent / "blobs")
+        safe: list[str] = []
+        refused: dict[str, str] = {}
+        for path in sorted(self.root.iterdir()):
+            if not path.is_symlink() and path.is_dir():
+                continue
+            real = Path(os.path.realpath(path))
+            if not any(real == base or base in real.parents for base in allowed):
+                refused[path.name] = f"links outside the source directory (to {real})"
+            elif not real.is_file():
+                refused[path.name] = "is not a regular file"
+            else:
+                safe.append(path.name)
+        return safe, refused
+
     @property
     def total_bytes(self) -> int:
         return sum(h.file_size for h in self.headers)

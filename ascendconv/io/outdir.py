@@ -1,0 +1,269 @@
+"""The output directory's life: checks, a lock, a private staging directory, the atomic publish.
+
+A package appears at OUT only whole: it is built in a hidden sibling `.NAME.ascendconv-staging-<random>`
+and renamed into place. A lock file beside OUT (`.NAME.ascendconv-lock`, held with flock) makes a
+second run to the same OUT fail at once instead of silently replacing the first one's work; flock
+works across PID namespaces and dies with its holder. Whoever holds the lock may remove staging and
+old-package remains that a dead process left (SIGKILL, power loss): no live process can own them.
+
+`--overwrite` never deletes what it does not recognise: OUT must be empty or an earlier package
+(flat, regular files, a package description), and must neither contain nor lie inside the source.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import secrets
+import shutil
+import signal
+import threading
+from pathlib import Path
+from typing import Iterator
+
+from ascendconv.errors import Interrupted, OutputBusyError, OutputExistsError, UnsafeOutputError
+
+STAGING_TAG = ".ascendconv-staging-"
+OLD_TAG = ".ascendconv-old-"
+LOCK_TAG = ".ascendconv-lock"
+LEGACY_TAGS = (".ascendconv-partial-",)  # staging names of 0.1.0, which used the PID
+INTERRUPTING_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
+
+
+def _contains(outer: Path, inner: Path) -> bool:
+    return inner == outer or outer in inner.parents
+
+
+def looks_like_package(path: Path, marker: str) -> bool:
+    """An earlier package: flat, regular files only, with its description `marker` among them."""
+    entries = list(path.iterdir())
+    return any(e.name == marker for e in entries) and all(e.is_file() and not e.is_symlink() for e in entries)
+
+
+def check_output(out: Path, source_root: Path, overwrite: bool, marker: str) -> None:
+    """Refuse an OUT that would lose data: the source, its ancestors or descendants, a mount point,
+    the filesystem root or home, a symlink, or (with --overwrite) a directory that is not a package."""
+    real_out = Path(os.path.realpath(out))
+    real_src = Path(os.path.realpath(source_root))
+    shown = f"{out}" + (f" (= {real_out})" if str(real_out) != str(out.absolute()) else "")
+    if real_out == Path(real_out.anchor) or real_out == Path(os.path.realpath(Path.home())):
+        raise UnsafeOutputError(f"{shown}: the output directory is the filesystem root or the home directory")
+    if real_out == real_src:
+        raise OutputExistsError(f"{shown}: the output directory is the source directory")
+    if _contains(real_out, real_src):
+        raise UnsafeOutputError(f"{shown}: the output directory contains the source {source_root}")
+    if _contains(real_src, real_out):
+        raise UnsafeOutputError(f"{shown}: the output directory lies inside the source {source_root}")
+    if out.is_symlink():
+        raise UnsafeOutputError(f"{out}: is a symbolic link to {os.readlink(out)}", "pass the real path as OUT")
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise OutputExistsError(f"{out}: exists and is not a directory")
+    if os.path.ismount(out):
+        raise UnsafeOutputError(f"{out}: is a mount point", "write the package into a new directory inside it")
+    if not any(out.iterdir()):
+        return
+    if not overwrite:
+        raise OutputExistsError(f"{out}: exists and is not empty")
+    if not looks_like_package(out, marker):
+        raise UnsafeOutputError(
+            f"{out}: --overwrite replaces only an earlier package (flat, with {marker}), and this directory is not one",
+            "remove it yourself if it should go, or choose another OUT",
+        )
+
+
+# --- signals ----------------------------------------------------------------------------------
+
+_deferred: list[int] | None = None  # signals held back while a rename pair must not be split
+
+
+def _raise_interrupt(signum: int, frame) -> None:
+    if _deferred is not None:
+        _deferred.append(signum)
+        return
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def signals_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP (what CI runners and `timeout` send) end the run the way SIGINT does: as an
+    exception, so staging is removed and the message is true. Only the main thread can install signal
+    handlers; elsewhere the caller's handling stays as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {}
+    for name in INTERRUPTING_SIGNALS:
+        number = getattr(signal, name)
+        current = signal.getsignal(number)
+        if current in (signal.SIG_DFL, signal.default_int_handler):
+            previous[number] = signal.signal(number, _raise_interrupt)
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+@contextlib.contextmanager
+def signals_deferred(deliver: bool = True) -> Iterator[None]:
+    """Hold interrupting signals back for a few system calls, then deliver the first one (or, while
+    already failing, drop them: the run is ending anyway)."""
+    global _deferred
+    if _deferred is not None:
+        yield
+        return
+    _deferred = []
+    try:
+        yield
+    finally:
+        held, _deferred = _deferred, None
+        if held and deliver:
+            raise Interrupted(held[0])
+
+
+# --- the staged output --------------------------------------------------------------------------
+
+
+def _make_parents(directory: Path) -> list[Path]:
+    """mkdir -p, returning the directories it created, outermost first."""
+    missing = []
+    while not directory.exists():
+        missing.append(directory)
+        directory = directory.parent
+    created = []
+    for path in reversed(missing):
+        path.mkdir()
+        created.append(path)
+    return created
+
+
+class OutputLock:
+    """An exclusive, non-blocking flock on `.NAME.ascendconv-lock` beside OUT."""
+
+    def __init__(self, out: Path):
+        self.path = out.parent / f".{out.name}{LOCK_TAG}"
+        self.fd: int | None = None
+
+    def acquire(self) -> None:
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise OutputBusyError(
+                    f"{self.path.parent / self.path.name[1:-len(LOCK_TAG)]}: another ascendconv run is writing this "
+                    f"output (it holds {self.path})",
+                    "wait for it to finish, or choose another OUT",
+                ) from None
+            # A holder that finished between our open and our flock has unlinked the file we hold:
+            # then the lock is on a dead inode, and we try again with the path's current file.
+            try:
+                if os.stat(self.path).st_ino == os.fstat(fd).st_ino:
+                    break
+            except FileNotFoundError:
+                pass
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()} {os.uname().nodename}\n".encode())
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+        os.close(self.fd)
+        self.fd = None
+
+
+def stale_siblings(out: Path) -> list[Path]:
+    """Staging and old-package directories of OUT that a dead run left behind."""
+    tags = (STAGING_TAG, OLD_TAG, *LEGACY_TAGS)
+    prefixes = tuple(f".{out.name}{tag}" for tag in tags)
+    if not out.parent.is_dir():
+        return []
+    return sorted(p for p in out.parent.iterdir() if p.name.startswith(prefixes) and p.is_dir() and not p.is_symlink())
+
+
+class StagedOutput:
+    """Build a package beside OUT and publish it whole; on any failure leave OUT as it was.
+
+    with StagedOutput(out, check) as staged:
+        ... write into staged.staging ...
+        staged.publish()
+
+    `check` runs under the lock (so that two runs cannot both find OUT free). `outcome` says, in words,
+    what is at OUT after an interruption, for the message the user sees.
+    """
+
+    def __init__(self, out: Path, check):
+        self.out = out
+        self.check = check
+        self.lock = OutputLock(out)
+        self.created: list[Path] = []
+        self.staging: Path | None = None
+        self.trash: Path | None = None
+        self.published = False
+
+    def __enter__(self) -> "StagedOutput":
+        try:
+            self.created = _make_parents(self.out.parent)
+            self.lock.acquire()
+            self.check()
+            for stale in stale_siblings(self.out):
+                shutil.rmtree(stale)
+            self.staging = self.out.parent / f".{self.out.name}{STAGING_TAG}{secrets.token_hex(8)}"
+            self.staging.mkdir()
+        except BaseException as exc:
+            self._clean_up(exc)
+            raise
+        return self
+
+    def publish(self) -> None:
+        assert self.staging is not None
+        replacing = self.out.is_dir() and any(self.out.iterdir())
+        with signals_deferred():  # the two renames: both or neither
+            if replacing:
+                self.trash = self.out.parent / f".{self.out.name}{OLD_TAG}{secrets.token_hex(8)}"
+                self.out.rename(self.trash)
+            try:
+                self.staging.rename(self.out)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+                raise OutputExistsError(f"{self.out}: appeared while the package was being written") from exc
+            self.published = True
+        if self.trash is not None:
+            shutil.rmtree(self.trash)
+            self.trash = None
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self._clean_up(exc)
+
+    def _clean_up(self, exc: BaseException | None) -> None:
+        if not self.published and self.staging is not None:
+            with signals_deferred(deliver=False):
+                shutil.rmtree(self.staging, ignore_errors=True)
+        self.lock.release()
+        if not self.published:
+            for directory in reversed(self.created):
+                with contextlib.suppress(OSError):
+                    directory.rmdir()
+        if isinstance(exc, KeyboardInterrupt):
+            exc.outcome = self.outcome  # type: ignore[attr-defined]
+
+    @property
+    def outcome(self) -> str:
+        if not self.published:
+            return f"nothing was written at {self.out}"
+        if self.trash is not None:
+            return (
+                f"the new package is complete at {self.out}; the old one's remains at {self.trash} "
+                "are removed by the next run to that output (or remove them yourself)"
+            )
+        return f"the new package is complete at {self.out}"

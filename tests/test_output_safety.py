@@ -1,0 +1,259 @@
+"""The output directory is never a way to lose data: no deletion of what is not a package, no leak of
+files outside the source, a lock against concurrent runs, true messages and clean exits on signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import ascendconv.io.outdir as outdir
+from ascendconv.cli import app
+from ascendconv.convert import ConvertOptions, convert
+from ascendconv.errors import Interrupted, NotFoundError, UnsafeOutputError
+from ascendconv.io.hfcache import resolve_source
+from ascendconv.io.outdir import OLD_TAG, STAGING_TAG, OutputLock
+from conftest import FIXTURES, write_large_checkpoint
+
+runner = CliRunner()
+DENSE = "qwen3-dense-fp8"
+
+
+def run_convert(src, out, *extra):
+    return runner.invoke(app, ["convert", str(src), str(out), "--quiet", *extra])
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def hidden_siblings(parent: Path) -> list[str]:
+    return sorted(p.name for p in parent.iterdir() if p.name.startswith("."))
+
+
+def test_overwrite_refuses_an_ancestor_of_the_source_at_any_depth(tmp_path):
+    models = tmp_path / "models"
+    src = models / "org" / "src"
+    src.parent.mkdir(parents=True)
+    import shutil
+
+    shutil.copytree(FIXTURES / DENSE, src)
+    (models / "other-model.txt").write_text("keep me")
+    before = tree(models)
+    for out in (models, models / "org", tmp_path):
+        result = run_convert(src, out, "--overwrite")
+        assert result.exit_code == 2 and "contains the source" in result.stderr, result.output
+    assert tree(models) == before
+
+
+def test_output_inside_the_source_is_refused(fixture_copy):
+    src = fixture_copy(DENSE)
+    before = tree(src)
+    result = run_convert(src, src / "converted")
+    assert result.exit_code == 2 and "inside the source" in result.stderr
+    assert tree(src) == before and not (src / "converted").exists()
+
+
+def test_home_and_root_are_refused(fixture_copy, tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".bashrc").write_text("mine")
+    monkeypatch.setenv("HOME", str(home))
+    src = fixture_copy(DENSE)
+    for out in (home, Path("/")):
+        result = run_convert(src, out, "--overwrite")
+        assert result.exit_code == 2 and "root or the home directory" in result.stderr
+    assert (home / ".bashrc").read_text() == "mine"
+
+
+def test_overwrite_replaces_only_a_flat_earlier_package(fixture_copy, tmp_path):
+    src = fixture_copy(DENSE)
+    out = tmp_path / "out"
+    assert run_convert(src, out).exit_code == 0
+    (out / "sub").mkdir()  # a package is flat: a directory inside says this is something else
+    (out / "sub" / "work.txt").write_text("mine")
+    result = run_convert(src, out, "--overwrite")
+    assert result.exit_code == 2 and "only an earlier package" in result.stderr
+    assert (out / "sub" / "work.txt").read_text() == "mine"
+    (out / "sub" / "work.txt").unlink()
+    (out / "sub").rmdir()
+    assert run_convert(src, out, "--overwrite").exit_code == 0
+
+
+def test_output_symlink_is_refused(fixture_copy, tmp_path):
+    src = fixture_copy(DENSE)
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (tmp_path / "out").symlink_to(target)
+    result = run_convert(src, tmp_path / "out")
+    assert result.exit_code == 2 and "symbolic link" in result.stderr
+    assert list(target.iterdir()) == []
+
+
+def test_links_out_of_the_source_and_package_names_are_never_copied(fixture_copy, tmp_path):
+    src = fixture_copy(DENSE)
+    outside = tmp_path / "secret.txt"
+    outside.write_text("TOKEN=hunter2")
+    (src / "environ.txt").symlink_to("/proc/self/environ")
+    (src / "notes.md").symlink_to(outside)
+    (src / "template.jinja").symlink_to(src / "tokenizer_config.json")  # inside the source: fine
+    (src / "quant_model_description.json").write_text('{"stale": "FLOAT"}')
+    (src / "ascendconv_provenance.json").write_text("{}")
+    out = tmp_path / "out"
+    result = run_convert(src, out, "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    skipped = report["skipped_files"]
+    assert "links outside the source" in skipped["environ.txt"] and "links outside" in skipped["notes.md"]
+    assert "writes a file of this name" in skipped["quant_model_description.json"]
+    assert not (out / "environ.txt").exists() and not (out / "notes.md").exists()
+    assert b"hunter2" not in b"".join(tree(out).values())
+    assert (out / "template.jinja").read_bytes() == (src / "tokenizer_config.json").read_bytes()
+    assert not (out / "template.jinja").is_symlink()
+    assert "stale" not in json.loads((out / "quant_model_description.json").read_text())
+
+
+@pytest.mark.parametrize("revision", ["../../x", "/etc", "..", "main/../../x", "a//b"])
+def test_repo_revision_cannot_leave_the_cache(tmp_path, monkeypatch, revision):
+    cache = tmp_path / "hub"
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    (cache / "models--org--model" / "snapshots").mkdir(parents=True)
+    (tmp_path / "x").mkdir()
+    with pytest.raises(NotFoundError, match="not a revision name"):
+        resolve_source(f"org/model@{revision}")
+
+
+def test_a_ref_naming_a_path_outside_the_cache_is_refused(tmp_path, monkeypatch):
+    cache = tmp_path / "hub"
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    repo = cache / "models--org--model"
+    (repo / "snapshots").mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("../../../x")
+    (tmp_path / "x").mkdir()
+    (repo / "snapshots" / "abc").symlink_to(tmp_path / "x")
+    with pytest.raises(Exception, match="commit hash"):
+        resolve_source("org/model")
+    (repo / "refs" / "main").write_text("abc")  # a snapshot that is a link out of the cache
+    with pytest.raises(Exception, match="not a snapshot directory"):
+        resolve_source("org/model")
+
+
+def test_a_second_run_to_the_same_output_fails_at_once(fixture_copy, tmp_path):
+    src = fixture_copy(DENSE)
+    out = tmp_path / "out"
+    lock = OutputLock(out)
+    lock.acquire()  # as another process converting to OUT would
+    try:
+        result = run_convert(src, out)
+        assert result.exit_code == 2 and "another ascendconv run is writing" in result.stderr
+        assert not out.exists()
+    finally:
+        lock.release()
+    assert run_convert(src, out).exit_code == 0
+    assert hidden_siblings(tmp_path) == []  # no lock file, no staging
+
+
+def test_stale_staging_of_a_dead_run_is_removed(fixture_copy, tmp_path):
+    src = fixture_copy(DENSE)
+    out = tmp_path / "out"
+    for tag in (STAGING_TAG + "0123456789abcdef", OLD_TAG + "feed", ".ascendconv-partial-4242"):
+        (tmp_path / f".out{tag}").mkdir()
+        (tmp_path / f".out{tag}" / "quant_model_weights-00001-of-00002.safetensors").write_bytes(b"x" * 100)
+    (tmp_path / ".other.ascendconv-staging-1").mkdir()  # another OUT's: not ours to touch
+    assert run_convert(src, out).exit_code == 0
+    assert hidden_siblings(tmp_path) == [".other.ascendconv-staging-1"]
+
+
+def test_failed_run_removes_the_directories_it_created(fixture_copy, tmp_path):
+    def failing(done, total):
+        raise RuntimeError("disk on fire")
+
+    with pytest.raises(RuntimeError):
+        convert(fixture_copy(DENSE), tmp_path / "a" / "b" / "c" / "out", ConvertOptions(), failing)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def test_interrupt_while_removing_the_old_package_says_what_is_true(fixture_copy, tmp_path, monkeypatch):
+    src = fixture_copy(DENSE)
+    out = tmp_path / "out"
+    assert run_convert(src, out).exit_code == 0
+    real_rmtree = outdir.shutil.rmtree
+
+    def rmtree(path, *args, **kwargs):
+        if OLD_TAG in str(path):
+            raise Interrupted(signal.SIGTERM)
+        return real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(outdir.shutil, "rmtree", rmtree)
+    result = run_convert(src, out, "--overwrite")
+    assert result.exit_code == 143
+    assert "new package is complete" in result.stderr and "nothing was written" not in result.stderr
+    assert (out / "quant_model_description.json").exists()
+    assert any(OLD_TAG in name for name in hidden_siblings(tmp_path))
+    monkeypatch.setattr(outdir.shutil, "rmtree", real_rmtree)
+    assert run_convert(src, out, "--overwrite").exit_code == 0
+    assert hidden_siblings(tmp_path) == []  # the next run removed the remains
+
+
+@pytest.fixture(scope="module")
+def large_source(tmp_path_factory):
+    return write_large_checkpoint(tmp_path_factory.mktemp("large") / "src")
+
+
+def start_convert(src: Path, out: Path) -> subprocess.Popen:
+    """A real `ascendconv convert` process, slow enough (reference kernel) to be caught mid-run."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "ascendconv", "convert", str(src), str(out), "--kernel", "reference", "--quiet",
+         "--max-shard-size", "40MB"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def wait_for_first_shard(out: Path, process: subprocess.Popen, limit: float = 60) -> None:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline and process.poll() is None:
+        staging = [p for p in out.parent.glob(f".{out.name}{STAGING_TAG}*") if any(p.iterdir())]
+        if staging:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"no staging with a shard appeared (exit {process.poll()})")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_signals_end_a_real_run_cleanly(large_source, tmp_path, signum):
+    out = tmp_path / "out"
+    process = start_convert(large_source, out)
+    wait_for_first_shard(out, process)
+    process.send_signal(signum)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 128 + signum, stderr
+    assert f"interrupted by {signal.Signals(signum).name}: nothing was written" in stderr
+    assert "Traceback" not in stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_sigkill_leaves_staging_that_the_next_run_removes(large_source, tmp_path):
+    out = tmp_path / "out"
+    process = start_convert(large_source, out)
+    wait_for_first_shard(out, process)
+    process.kill()
+    process.communicate(timeout=60)
+    assert any(STAGING_TAG in name for name in hidden_siblings(tmp_path))
+    result = runner.invoke(app, ["convert", str(large_source), str(out), "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert hidden_siblings(tmp_path) == [] and (out / "quant_model_description.json").exists()
+
+
+def test_refusals_are_checked_before_anything_is_created(fixture_copy, tmp_path):
+    src = fixture_copy(DENSE)
+    with pytest.raises(UnsafeOutputError):
+        convert(src, src / "a" / "b" / "out", ConvertOptions())
+    assert not (src / "a").exists()
