@@ -35,7 +35,9 @@ from typing import Callable, Iterator
 import numpy as np
 
 from ascendconv.errors import BadOptionError
-from ascendconv.formats import elements, gmm_situ, mx, requantize, resolve
+from ascendconv.formats import elements, mx, requantize, resolve
+from ascendconv.npu import reference as gmm_situ
+from ascendconv.npu.reference import GmmSituInputs
 from ascendconv.formats.constants import E2M1, E4M3, E8M0_NAN, FLOAT, GROUP_SIZE, SCALE_RULES, W4A8_MXFP, W8A8_MXFP8
 from ascendconv.formats.metrics import ErrorAccumulator, ErrorStats
 from ascendconv.io.package import Package
@@ -1273,7 +1275,7 @@ def moe_layer_check(
             )
             rows = np.concatenate([np.arange(starts[e], starts[e + 1]) for e in batch])
             y = gmm_situ.gmm_situ_float(
-                x_codes[rows], x_scales[rows], w13, s13, counts[batch], options.beta, options.linear_beta
+                GmmSituInputs(x_codes[rows], x_scales[rows], w13, s13, counts[batch], options.beta, options.linear_beta)
             )
             for i, e in enumerate(batch):
                 lo = int(np.searchsorted(rows, starts[e]))
@@ -1373,10 +1375,12 @@ def _run_npu(lay: _Layout, options: VerifyOptions, progress: Progress | None) ->
                     [p[0] for p in packed[1::2]], [p[1] for p in packed[1::2]],
                 )
                 rows = np.concatenate([np.arange(starts[e], starts[e + 1]) for e in batch])
-                args = (x_codes[rows], x_scales[rows], w13, s13, counts[batch], options.beta, options.linear_beta)
-                refs.append(gmm_situ.gmm_situ_quant_reference(*args))
+                inputs = GmmSituInputs(
+                    x_codes[rows], x_scales[rows], w13, s13, counts[batch], options.beta, options.linear_beta
+                )
+                refs.append(gmm_situ.gmm_situ_quant_reference(inputs))
                 try:
-                    gots.append(npu.run_gmm_situ_on_npu(*args))
+                    gots.append(npu.run_gmm_situ_on_npu(inputs))
                 except npu.NpuUnavailable as exc:
                     problems.append(f"{layer}: the NPU became unavailable: {exc.reason}")
                     break

@@ -35,7 +35,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ascendconv.formats import gmm_situ as g
+from ascendconv.npu import reference as g
 from ascendconv.npu import NpuUnavailable, npu_available, run_gmm_situ_on_npu
 
 # ------------------------------------------------------------------------------------------------
@@ -241,9 +241,9 @@ def test_grouped_matmul_stage_within_bf16(case):
 
 
 def test_situ_output_before_quantization_within_bf16(case):
-    out = g.gmm_situ_float(
+    out = g.gmm_situ_float(g.GmmSituInputs(
         case.x_codes, case.x_scales, case.w_packed, case.w_scales, case.gs, case.beta, case.linear_beta
-    )
+    ))
     assert out.dtype == np.float32 and out.shape == (case.x_codes.shape[0], 64)
     assert np.array_equal(g.elements.bf16_round(out), out)
     ref = case.out64[: case.total]
@@ -255,21 +255,21 @@ def test_situ_output_before_quantization_within_bf16(case):
 
 
 def test_quantization_stage_is_the_floor_rule_exactly(case):
-    out = g.gmm_situ_float(
+    out = g.gmm_situ_float(g.GmmSituInputs(
         case.x_codes, case.x_scales, case.w_packed, case.w_scales, case.gs, case.beta, case.linear_beta
-    )
-    y, ys = g.gmm_situ_quant_reference(
+    ))
+    y, ys = g.gmm_situ_quant_reference(g.GmmSituInputs(
         case.x_codes, case.x_scales, case.w_packed, case.w_scales, case.gs, case.beta, case.linear_beta
-    )
+    ))
     codes, scales = quantize_floor_e4m3_64(out[: case.total].astype(np.float64))
     assert np.array_equal(y[: case.total], codes)
     assert np.array_equal(ys[: case.total], scales)
 
 
 def test_quantized_output_against_float64(case):
-    y, ys = g.gmm_situ_quant_reference(
+    y, ys = g.gmm_situ_quant_reference(g.GmmSituInputs(
         case.x_codes, case.x_scales, case.w_packed, case.w_scales, case.gs, case.beta, case.linear_beta
-    )
+    ))
     m = case.x_codes.shape[0]
     assert y.shape == (m, 64) and y.dtype == np.uint8
     assert ys.shape == (m, 2) and ys.dtype == np.uint8
@@ -297,17 +297,17 @@ def test_expert_rows_are_consecutive_and_gate_up_order():
     # experts 0 and 2 (no tokens) must not matter.
     x_codes, x_scales, w_packed, w_scales, _ = make_case(11, 64, group_sizes=(0, 20, 0))
     gs = np.array([0, 20, 0])
-    y1, s1 = g.gmm_situ_quant_reference(x_codes, x_scales, w_packed, w_scales, gs, 4.0, 25.0)
+    y1, s1 = g.gmm_situ_quant_reference(g.GmmSituInputs(x_codes, x_scales, w_packed, w_scales, gs, 4.0, 25.0))
     other = w_packed.copy()
     other[0] ^= 0x11
     other[2] ^= 0x22
-    y2, s2 = g.gmm_situ_quant_reference(x_codes, x_scales, other, w_scales, gs, 4.0, 25.0)
+    y2, s2 = g.gmm_situ_quant_reference(g.GmmSituInputs(x_codes, x_scales, other, w_scales, gs, 4.0, 25.0))
     assert np.array_equal(y1, y2) and np.array_equal(s1, s2)
     swapped = w_packed.copy()
     swapped[1] = np.concatenate([w_packed[1, 64:], w_packed[1, :64]])
     swapped_s = w_scales.copy()
     swapped_s[1] = np.concatenate([w_scales[1, 64:], w_scales[1, :64]])
-    y3, _ = g.gmm_situ_quant_reference(x_codes, x_scales, swapped, swapped_s, gs, 4.0, 25.0)
+    y3, _ = g.gmm_situ_quant_reference(g.GmmSituInputs(x_codes, x_scales, swapped, swapped_s, gs, 4.0, 25.0))
     assert not np.array_equal(y1, y3)
 
 
@@ -331,15 +331,15 @@ def test_m_zero_returns_empty():
     x_scales = np.zeros((0, 2), dtype=np.uint8)
     w = np.zeros((2, 128, 32), dtype=np.uint8)
     ws = np.full((2, 128, 2), 127, dtype=np.uint8)
-    y, ys = g.gmm_situ_quant_reference(x_codes, x_scales, w, ws, np.array([0, 0]), 1.0, 1.0)
+    y, ys = g.gmm_situ_quant_reference(g.GmmSituInputs(x_codes, x_scales, w, ws, np.array([0, 0]), 1.0, 1.0))
     assert y.shape == (0, 64) and y.dtype == np.uint8
     assert ys.shape == (0, 2) and ys.dtype == np.uint8
-    assert g.gmm_situ_float(x_codes, x_scales, w, ws, np.array([0, 0]), 1.0, 1.0).shape == (0, 64)
+    assert g.gmm_situ_float(g.GmmSituInputs(x_codes, x_scales, w, ws, np.array([0, 0]), 1.0, 1.0)).shape == (0, 64)
 
 
 def test_no_tokens_at_all_gives_zeros():
     x_codes, x_scales, w, ws, _ = make_case(5, 64)
-    y, ys = g.gmm_situ_quant_reference(x_codes, x_scales, w, ws, np.zeros(3, dtype=np.int64), 1.0, 1.0)
+    y, ys = g.gmm_situ_quant_reference(g.GmmSituInputs(x_codes, x_scales, w, ws, np.zeros(3, dtype=np.int64), 1.0, 1.0))
     assert not y.any() and not ys.any()
 
 
@@ -374,9 +374,9 @@ def test_validation_errors(change, message):
     args = _valid()
     change(args)
     with pytest.raises(ValueError, match=message):
-        g.gmm_situ_quant_reference(**args)
+        g.gmm_situ_quant_reference(g.GmmSituInputs(**args))
     with pytest.raises(ValueError, match=message):
-        g.gmm_situ_float(**args)
+        g.gmm_situ_float(g.GmmSituInputs(**args))
 
 
 def test_make_activations_deterministic_and_floor_quantized():
@@ -467,7 +467,7 @@ def test_stack_w13_gate_then_up():
         assert np.array_equal(s[i, :inter], gate_s[i]) and np.array_equal(s[i, inter:], up_s[i])
     # and the stacked tensors feed the reference
     x_codes, x_scales, _ = g.make_activations(1, 6, k)
-    y, ys = g.gmm_situ_quant_reference(x_codes, x_scales, w, s, np.array([2, 0, 4]), 4.0, 25.0)
+    y, ys = g.gmm_situ_quant_reference(g.GmmSituInputs(x_codes, x_scales, w, s, np.array([2, 0, 4]), 4.0, 25.0))
     assert y.shape == (6, inter) and ys.shape == (6, inter // 32)
 
 
@@ -499,7 +499,7 @@ def test_npu_unavailable_without_torch(monkeypatch):
     assert ok is False and "torch" in reason
     assert issubclass(NpuUnavailable, RuntimeError)
     with pytest.raises(NpuUnavailable, match="torch"):
-        run_gmm_situ_on_npu(**_valid())
+        run_gmm_situ_on_npu(g.GmmSituInputs(**_valid()))
 
 
 def test_npu_invalid_inputs_are_value_errors_first(monkeypatch):
@@ -507,9 +507,9 @@ def test_npu_invalid_inputs_are_value_errors_first(monkeypatch):
     args = _valid()
     args["beta"] = -1.0
     with pytest.raises(ValueError, match="beta"):
-        run_gmm_situ_on_npu(**args)
+        run_gmm_situ_on_npu(g.GmmSituInputs(**args))
     with pytest.raises(ValueError, match="weight_format"):
-        run_gmm_situ_on_npu(**_valid(), weight_format="zz")
+        run_gmm_situ_on_npu(g.GmmSituInputs(**_valid()), weight_format="zz")
 
 
 def _fake_torch(monkeypatch, *, available=True, name="Ascend950PR", soc=260, torch_npu_ok=True):
@@ -551,7 +551,7 @@ def test_npu_available_reasons_with_fake_modules(monkeypatch):
     ok, reason = npu_available()
     assert not ok and "vllm_ascend" in reason
     with pytest.raises(NpuUnavailable, match="vllm_ascend"):
-        run_gmm_situ_on_npu(**_valid())
+        run_gmm_situ_on_npu(g.GmmSituInputs(**_valid()))
 
 
 def test_npu_available_more_reasons(monkeypatch):
@@ -608,7 +608,7 @@ def _fake_vllm_ascend(monkeypatch, available=True, calls=None):
         w = np.swapaxes(weight.a, 1, 2) if weight_format == "nz" else weight.a
         ws = g.unpair_scales(weight_scale.a)  # (E, K/64, N, 2) -> (E, N, K/32)
         xs = g.unpair_activation_scales(x_scale.a)  # (M, K/64, 2) -> (M, K/32)
-        y, ys = g.gmm_situ_quant_reference(x.a, xs, np.ascontiguousarray(w), ws, group_list.a, beta, linear_beta)
+        y, ys = g.gmm_situ_quant_reference(g.GmmSituInputs(x.a, xs, np.ascontiguousarray(w), ws, group_list.a, beta, linear_beta))
         total = int(group_list.a.sum())
         y[total:] = 0xAB  # undefined rows on the NPU
         ys[total:] = 0xCD
@@ -642,8 +642,8 @@ def test_run_gmm_situ_on_npu_data_flow_with_fake_modules(monkeypatch, weight_for
     _fake_vllm_ascend(monkeypatch, calls=calls)
 
     args = _valid()  # 20 rows, group sizes (7, 0, 10): 3 undefined rows
-    y, ys = run_gmm_situ_on_npu(**args, weight_format=weight_format)
-    want_y, want_ys = g.gmm_situ_quant_reference(**args)
+    y, ys = run_gmm_situ_on_npu(g.GmmSituInputs(**args), weight_format=weight_format)
+    want_y, want_ys = g.gmm_situ_quant_reference(g.GmmSituInputs(**args))
     assert calls == [weight_format]
     assert y.dtype == np.uint8 and ys.dtype == np.uint8
     assert np.array_equal(y, want_y) and np.array_equal(ys, want_ys)

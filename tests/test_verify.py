@@ -3,6 +3,7 @@ that names the tensor or file; the numbers against the source; the MoE chain aga
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -16,7 +17,9 @@ from typer.testing import CliRunner
 from ascendconv import npu as npu_module
 from ascendconv import verify as v
 from ascendconv.cli import app
-from ascendconv.formats import elements, gmm_situ, mx, resolve
+from ascendconv.formats import elements, mx, resolve
+from ascendconv.npu import reference as gmm_situ
+from ascendconv.npu.reference import GmmSituInputs
 from ascendconv.formats.constants import E2M1, E4M3
 from ascendconv.io.safetensors import TensorReader, read_header
 from ascendconv.io.source import SourceCheckpoint
@@ -545,8 +548,8 @@ def test_float_chain_equals_the_gmm_situ_reference():
     codes, scales = mx.quantize_mx(weights, E2M1, "mse")
     w_packed = elements.pack_fp4(codes)
     counts = np.array([7, 0, 13])
-    y_codes, y_scales = gmm_situ.gmm_situ_quant_reference(x_codes, x_scales, w_packed, scales, counts, 4.0, 25.0)
-    y_float = gmm_situ.gmm_situ_float(x_codes, x_scales, w_packed, scales, counts, 4.0, 25.0)
+    y_codes, y_scales = gmm_situ.gmm_situ_quant_reference(GmmSituInputs(x_codes, x_scales, w_packed, scales, counts, 4.0, 25.0))
+    y_float = gmm_situ.gmm_situ_float(GmmSituInputs(x_codes, x_scales, w_packed, scales, counts, 4.0, 25.0))
     x = gmm_situ.dequantize_activations(x_codes, x_scales)
     start = 0
     for expert, count in enumerate(counts):
@@ -652,9 +655,9 @@ def test_on_npu_not_applicable_without_w4a8_experts(converted, monkeypatch):
 def test_on_npu_compares_with_the_reference(converted, monkeypatch):
     calls = []
 
-    def fake_run(*args, **kwargs):
-        calls.append(args[2].shape)
-        return gmm_situ.gmm_situ_quant_reference(*args)
+    def fake_run(inputs, **kwargs):
+        calls.append(inputs.w_packed.shape)
+        return gmm_situ.gmm_situ_quant_reference(inputs)
 
     monkeypatch.setattr(npu_module, "npu_available", lambda: (True, "fake Ascend950"))
     monkeypatch.setattr(npu_module, "run_gmm_situ_on_npu", fake_run)
@@ -663,12 +666,11 @@ def test_on_npu_compares_with_the_reference(converted, monkeypatch):
     assert report.ok and len(report.npu) == 2 and calls == [(4, 256, 64), (4, 256, 64)]
     assert all(r.rel_err == 0 and r.codes_equal == 1.0 for r in report.npu)
 
-    def wrong_layout(*args, **kwargs):  # gate and up swapped: what a wrong w13 order would do
-        w = args[2]
+    def wrong_layout(inputs, **kwargs):  # gate and up swapped: what a wrong w13 order would do
+        w, s = inputs.w_packed, inputs.w_scales
         swapped = np.concatenate([w[:, 128:], w[:, :128]], axis=1)
-        s = args[3]
         s_swapped = np.concatenate([s[:, 128:], s[:, :128]], axis=1)
-        return gmm_situ.gmm_situ_quant_reference(args[0], args[1], swapped, s_swapped, *args[4:])
+        return gmm_situ.gmm_situ_quant_reference(dataclasses.replace(inputs, w_packed=swapped, w_scales=s_swapped))
 
     monkeypatch.setattr(npu_module, "run_gmm_situ_on_npu", wrong_layout)
     report = verify(pkg, VerifyOptions(on_npu=True))

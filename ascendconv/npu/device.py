@@ -1,9 +1,9 @@
-"""Run GroupedMatmulSituQuant on an Ascend 950 NPU (spec section 5), for ``verify --on-npu``.
+"""Run GroupedMatmulSituQuant on an Ascend 950 NPU (contract section 5), for ``verify --on-npu``.
 
 This module is the only place in the project that touches ``torch`` / ``torch_npu`` /
 ``vllm_ascend``, and it imports them lazily, inside functions: importing it costs nothing on a
 machine without them. Layout conversions (scale pairing) come from
-:mod:`ascendconv.formats.gmm_situ`; nothing here re-implements numerics.
+:mod:`ascendconv.npu.reference`; nothing here re-implements numerics.
 
 Facts marked *(assumed)* in the spec are named constants below, so that a correction is one change.
 """
@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..formats import gmm_situ as ref
+from ascendconv.npu import reference as ref
+from ascendconv.npu.reference import GmmSituInputs
 
 __all__ = [
     "NpuUnavailable",
@@ -160,36 +161,24 @@ def _to_device(torch, array: np.ndarray, device, dtype):
     return t if dtype is None else t.view(dtype)
 
 
-def run_gmm_situ_on_npu(
-    x_codes: np.ndarray,
-    x_scales: np.ndarray,
-    w_packed: np.ndarray,
-    w_scales: np.ndarray,
-    group_sizes,
-    beta: float,
-    linear_beta: float,
-    weight_format: str = "nz",
-) -> tuple[np.ndarray, np.ndarray]:
-    """Run the fused GroupedMatmulSituQuant op once; same arguments and results as
-    :func:`ascendconv.formats.gmm_situ.gmm_situ_quant_reference`.
+def run_gmm_situ_on_npu(inputs: GmmSituInputs, weight_format: str = "nz") -> tuple[np.ndarray, np.ndarray]:
+    """Run the fused GroupedMatmulSituQuant op once; same inputs and results as
+    :func:`ascendconv.npu.reference.gmm_situ_quant_reference`.
 
-    Inputs are the reference layouts (``x_scales (M, K/32)``, ``w_scales (E, N, K/32)``); they are
-    paired here into the op's ``(M, K/64, 2)`` / ``(E, K/64, N, 2)``. ``weight_format`` is ``"nz"``
-    (weights cast once with ``to_weight_nz``) or ``"nd"``. ``group_sizes`` are counts
-    (``group_list_type = 1``).
-
-    Returns ``(y_codes uint8 (M, N/2), y_scales uint8 (M, N/2/32))``. Rows at or beyond
-    ``sum(group_sizes)`` are undefined on the NPU and are returned as zero, like the reference.
+    Scales arrive in the reference layouts and are paired here into the op's ``(M, K/64, 2)`` /
+    ``(E, K/64, N, 2)``. ``weight_format`` is ``"nz"`` (weights cast once with ``to_weight_nz``) or
+    ``"nd"``. Rows at or beyond ``sum(group_sizes)`` are undefined on the NPU and are returned as
+    zero, like the reference.
 
     Raises:
-        ValueError: invalid inputs (checked before any device work).
+        ValueError: an unknown ``weight_format`` (checked before any device work).
         NpuUnavailable: no usable Ascend 950 / torch_npu / vllm-ascend op; the message says why.
     """
     if weight_format not in ("nz", "nd"):
         raise ValueError(f"weight_format must be 'nz' or 'nd', got {weight_format!r}")
-    m, k, e, n, gs = ref.validate_gmm_situ_inputs(
-        x_codes, x_scales, w_packed, w_scales, group_sizes, beta, linear_beta
-    )
+    m, n, gs = inputs.m, inputs.n, inputs.group_sizes
+    x_codes, x_scales, w_packed, w_scales = inputs.x_codes, inputs.x_scales, inputs.w_packed, inputs.w_scales
+    beta, linear_beta = inputs.beta, inputs.linear_beta
     ok, reason, ctx = _probe()
     if not ok:
         raise NpuUnavailable(reason)

@@ -1,4 +1,7 @@
-"""CPU reference of the GroupedMatmulSituQuant chain (spec section 5). Pure numpy, no I/O.
+"""CPU reference of the GroupedMatmulSituQuant chain (contract section 5). Pure numpy, no I/O.
+
+It lives beside the device runner (`device.py`), which checks the NPU against it; neither imports
+the other's dependencies (this module needs no torch).
 
 The golden split chain the fused Ascend 950 operator must equal bit for bit on the NPU:
 
@@ -21,7 +24,7 @@ Layouts (all scale bytes are E8M0 ``uint8``):
 - operator layout: activations ``(M, K/64, 2)``, weights ``(E, K/64, N, 2)`` -- groups ``2j`` and
   ``2j+1`` of a row ``n`` become ``[j, n, 0]`` and ``[j, n, 1]`` (the pairing the W4A8_MXFP
   loader produces). See :func:`pair_scales` / :func:`unpair_scales` and
-  :func:`pair_activation_scales` / :func:`unpair_activation_scales`; ``ascendconv.npu`` uses
+  :func:`pair_activation_scales` / :func:`unpair_activation_scales`; the device runner uses
   these, never its own copies.
 
 Group sizes are per-expert token counts (``group_list_type = 1``). Rows at or beyond
@@ -32,16 +35,17 @@ them zero (codes 0, scale bytes 0).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
-from . import constants, elements, mx
+from ascendconv.formats import constants, elements, mx
 
 __all__ = [
     "GROUP",
     "PAIR",
-    "validate_gmm_situ_inputs",
+    "GmmSituInputs",
     "dequantize_activations",
     "dequantize_expert_weight",
     "grouped_matmul_bf16",
@@ -99,55 +103,76 @@ def _group_sizes_array(group_sizes, num_experts: int) -> np.ndarray:
     return gs
 
 
-def validate_gmm_situ_inputs(
-    x_codes: np.ndarray,
-    x_scales: np.ndarray,
-    w_packed: np.ndarray,
-    w_scales: np.ndarray,
-    group_sizes,
-    beta: float,
-    linear_beta: float,
-) -> tuple[int, int, int, int, np.ndarray]:
-    """Check the operator's contract; return ``(M, K, E, N, group_sizes int64)``.
+@dataclass(frozen=True)
+class GmmSituInputs:
+    """The operator's arguments, checked once against its contract (contract section 5).
 
-    Raises ``ValueError`` naming the offending argument. Layouts are the reference ones:
-    ``x_codes (M, K)``, ``x_scales (M, K/32)``, ``w_packed (E, N, K/2)``, ``w_scales (E, N, K/32)``.
+    Layouts are the reference ones: ``x_codes (M, K)`` E4M3 codes, ``x_scales (M, K/32)`` E8M0,
+    ``w_packed (E, N, K/2)`` packed E2M1 with rows ``[0, N/2)`` gate_proj and ``[N/2, N)`` up_proj
+    (see :func:`stack_w13`), ``w_scales (E, N, K/32)``; ``group_sizes`` holds per-expert token
+    counts (expert ``e`` owns the consecutive rows after those of experts ``0..e-1``); ``beta`` and
+    ``linear_beta`` are SiTU's parameters. Construction raises ``ValueError`` naming the offending
+    argument (K % 64, N % 2, (N/2) % 64, shapes, dtypes, NaN bytes, ``sum(group_sizes) > M``).
     """
-    _require_u8("x_codes", x_codes, 2)
-    _require_u8("x_scales", x_scales, 2)
-    _require_u8("w_packed", w_packed, 3)
-    _require_u8("w_scales", w_scales, 3)
-    m, k = x_codes.shape
-    if k <= 0 or k % PAIR != 0:
-        raise ValueError(f"K must be a positive multiple of {PAIR}, got K={k} (x_codes shape {x_codes.shape})")
-    if x_scales.shape != (m, k // GROUP):
-        raise ValueError(f"x_scales must have shape {(m, k // GROUP)} for x_codes {x_codes.shape}, got {x_scales.shape}")
-    e, n, k_half = w_packed.shape
-    if e <= 0:
-        raise ValueError(f"w_packed must hold at least one expert, got shape {w_packed.shape}")
-    if k_half * 2 != k:
-        raise ValueError(
-            f"w_packed must have shape (E, N, K/2) = (E, N, {k // 2}) for K={k}, got {w_packed.shape}"
-        )
-    if n <= 0 or n % 2 != 0:
-        raise ValueError(f"N (w_packed.shape[1]) must be a positive even number, got N={n}")
-    if (n // 2) % PAIR != 0:
-        raise ValueError(f"N/2 must be a multiple of {PAIR}, got N={n} (N/2={n // 2})")
-    if w_scales.shape != (e, n, k // GROUP):
-        raise ValueError(f"w_scales must have shape {(e, n, k // GROUP)}, got {w_scales.shape}")
-    nan_codes = np.isin(x_codes, np.asarray(constants.E4M3_NAN_CODES, dtype=np.uint8))
-    if nan_codes.any():
-        raise ValueError(f"x_codes holds {int(nan_codes.sum())} E4M3 NaN code(s) (0x7F/0xFF)")
-    for name, sc in (("x_scales", x_scales), ("w_scales", w_scales)):
-        if (sc == constants.E8M0_NAN).any():
-            raise ValueError(f"{name} holds the E8M0 NaN byte {constants.E8M0_NAN}")
-    gs = _group_sizes_array(group_sizes, e)
-    total = int(gs.sum())
-    if total > m:
-        raise ValueError(f"sum(group_sizes) = {total} exceeds the number of token rows M = {m}")
-    _check_positive("beta", beta)
-    _check_positive("linear_beta", linear_beta)
-    return m, k, e, n, gs
+
+    x_codes: np.ndarray
+    x_scales: np.ndarray
+    w_packed: np.ndarray
+    w_scales: np.ndarray
+    group_sizes: np.ndarray
+    beta: float
+    linear_beta: float
+
+    def __post_init__(self) -> None:
+        _require_u8("x_codes", self.x_codes, 2)
+        _require_u8("x_scales", self.x_scales, 2)
+        _require_u8("w_packed", self.w_packed, 3)
+        _require_u8("w_scales", self.w_scales, 3)
+        m, k = self.x_codes.shape
+        if k <= 0 or k % PAIR != 0:
+            raise ValueError(f"K must be a positive multiple of {PAIR}, got K={k} (x_codes shape {self.x_codes.shape})")
+        if self.x_scales.shape != (m, k // GROUP):
+            raise ValueError(
+                f"x_scales must have shape {(m, k // GROUP)} for x_codes {self.x_codes.shape}, got {self.x_scales.shape}"
+            )
+        e, n, k_half = self.w_packed.shape
+        if e <= 0:
+            raise ValueError(f"w_packed must hold at least one expert, got shape {self.w_packed.shape}")
+        if k_half * 2 != k:
+            raise ValueError(
+                f"w_packed must have shape (E, N, K/2) = (E, N, {k // 2}) for K={k}, got {self.w_packed.shape}"
+            )
+        if n <= 0 or n % 2 != 0:
+            raise ValueError(f"N (w_packed.shape[1]) must be a positive even number, got N={n}")
+        if (n // 2) % PAIR != 0:
+            raise ValueError(f"N/2 must be a multiple of {PAIR}, got N={n} (N/2={n // 2})")
+        if self.w_scales.shape != (e, n, k // GROUP):
+            raise ValueError(f"w_scales must have shape {(e, n, k // GROUP)}, got {self.w_scales.shape}")
+        nan_codes = np.isin(self.x_codes, np.asarray(constants.E4M3_NAN_CODES, dtype=np.uint8))
+        if nan_codes.any():
+            raise ValueError(f"x_codes holds {int(nan_codes.sum())} E4M3 NaN code(s) (0x7F/0xFF)")
+        for name, sc in (("x_scales", self.x_scales), ("w_scales", self.w_scales)):
+            if (sc == constants.E8M0_NAN).any():
+                raise ValueError(f"{name} holds the E8M0 NaN byte {constants.E8M0_NAN}")
+        gs = _group_sizes_array(self.group_sizes, e)
+        if int(gs.sum()) > m:
+            raise ValueError(f"sum(group_sizes) = {int(gs.sum())} exceeds the number of token rows M = {m}")
+        object.__setattr__(self, "group_sizes", gs)
+        object.__setattr__(self, "beta", _check_positive("beta", self.beta))
+        object.__setattr__(self, "linear_beta", _check_positive("linear_beta", self.linear_beta))
+
+    @property
+    def m(self) -> int:
+        return self.x_codes.shape[0]
+
+    @property
+    def n(self) -> int:
+        return self.w_packed.shape[1]
+
+    @property
+    def tokens(self) -> int:
+        """Rows that belong to an expert: ``sum(group_sizes)``."""
+        return int(self.group_sizes.sum())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -229,72 +254,34 @@ def situ_bf16(h: np.ndarray, beta: float, linear_beta: float) -> np.ndarray:
     return elements.bf16_round((g * u).astype(np.float32, copy=False))
 
 
-def gmm_situ_float(
-    x_codes: np.ndarray,
-    x_scales: np.ndarray,
-    w_packed: np.ndarray,
-    w_scales: np.ndarray,
-    group_sizes,
-    beta: float,
-    linear_beta: float,
-) -> np.ndarray:
+def gmm_situ_float(inputs: GmmSituInputs) -> np.ndarray:
     """Stages 1-2: the BF16 SiTU output before quantization, float32 ``(M, N/2)``.
 
     Rows at or beyond ``sum(group_sizes)`` are zero.
     """
-    m, k, e, n, gs = validate_gmm_situ_inputs(
-        x_codes, x_scales, w_packed, w_scales, group_sizes, beta, linear_beta
-    )
-    out = np.zeros((m, n // 2), dtype=np.float32)
-    total = int(gs.sum())
+    out = np.zeros((inputs.m, inputs.n // 2), dtype=np.float32)
+    total = inputs.tokens
     if total == 0:
         return out
-    x_float = dequantize_activations(x_codes[:total], x_scales[:total])
-    h = grouped_matmul_bf16(x_float, w_packed, w_scales, gs)
-    out[:total] = situ_bf16(h, beta, linear_beta)
+    x_float = dequantize_activations(inputs.x_codes[:total], inputs.x_scales[:total])
+    h = grouped_matmul_bf16(x_float, inputs.w_packed, inputs.w_scales, inputs.group_sizes)
+    out[:total] = situ_bf16(h, inputs.beta, inputs.linear_beta)
     return out
 
 
-def gmm_situ_quant_reference(
-    x_codes: np.ndarray,
-    x_scales: np.ndarray,
-    w_packed: np.ndarray,
-    w_scales: np.ndarray,
-    group_sizes,
-    beta: float,
-    linear_beta: float,
-) -> tuple[np.ndarray, np.ndarray]:
+def gmm_situ_quant_reference(inputs: GmmSituInputs) -> tuple[np.ndarray, np.ndarray]:
     """The whole golden chain on the CPU.
 
-    Args:
-        x_codes: ``uint8 (M, K)`` E4M3 codes of the MXFP8 activations.
-        x_scales: ``uint8 (M, K/32)`` E8M0 scale bytes of ``x_codes``.
-        w_packed: ``uint8 (E, N, K/2)`` packed E2M1 expert weights, rows ``[0, N/2)`` gate_proj,
-            ``[N/2, N)`` up_proj (see :func:`stack_w13`).
-        w_scales: ``uint8 (E, N, K/32)`` E8M0 scale bytes of ``w_packed``.
-        group_sizes: ``int (E,)`` token counts per expert; expert ``e`` owns the consecutive rows
-            after those of experts ``0..e-1``.
-        beta, linear_beta: SiTU parameters, finite and > 0.
-
-    Returns:
-        ``(y_codes uint8 (M, N/2) E4M3, y_scales uint8 (M, N/2/32) E8M0)``. Rows at or beyond
-        ``sum(group_sizes)`` are zero (undefined on the NPU). ``M == 0`` gives empty arrays.
-
-    Raises:
-        ValueError: on any violation of the operator's contract (K % 64, N % 2, (N/2) % 64,
-            shapes, dtypes, ``sum(group_sizes) > M``, ``beta``/``linear_beta`` not > 0).
+    Returns ``(y_codes uint8 (M, N/2) E4M3, y_scales uint8 (M, N/2/32) E8M0)``. Rows at or beyond
+    ``sum(group_sizes)`` are zero (undefined on the NPU). ``M == 0`` gives empty arrays.
     """
-    m, k, e, n, gs = validate_gmm_situ_inputs(
-        x_codes, x_scales, w_packed, w_scales, group_sizes, beta, linear_beta
-    )
-    half = n // 2
-    y_codes = np.zeros((m, half), dtype=np.uint8)
-    y_scales = np.zeros((m, half // GROUP), dtype=np.uint8)
-    total = int(gs.sum())
+    half = inputs.n // 2
+    y_codes = np.zeros((inputs.m, half), dtype=np.uint8)
+    y_scales = np.zeros((inputs.m, half // GROUP), dtype=np.uint8)
+    total = inputs.tokens
     if total == 0:
         return y_codes, y_scales
-    out = gmm_situ_float(x_codes, x_scales, w_packed, w_scales, gs, beta, linear_beta)
-    codes, scales = mx.quantize_mx(out[:total], constants.E4M3, "floor")
+    codes, scales = mx.quantize_mx(gmm_situ_float(inputs)[:total], constants.E4M3, "floor")
     y_codes[:total] = codes
     y_scales[:total] = scales
     return y_codes, y_scales
