@@ -10,7 +10,37 @@ EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INPUT = 3
+EXIT_OUTPUT = 4
 EXIT_INTERRUPTED = 130
+
+# Names, labels and values in messages come from files anyone can write; one of 16 MB would make
+# every message (and its rendering) as large. Longer ones are cut in the middle, with their length.
+MAX_SHOWN_CHARS = 300
+MAX_MESSAGE_CHARS = 4000
+
+
+def clip(text: str, limit: int = MAX_SHOWN_CHARS) -> str:
+    """`text` as it is, or its two ends around '…' and its length when longer than `limit`."""
+    if len(text) <= limit:
+        return text
+    half = max(1, limit // 2 - 16)
+    return f"{text[:half]}…{text[-half:]} ({len(text)} chars)"
+
+
+def shown(value: object) -> str:
+    """repr(value) as a message shows a name, label or value read from a file: clipped, and bounded
+    in time (a JSON value can hold an integer of thousands of digits, whose repr raises ValueError
+    past Python's limit, or nest deeper than repr recurses)."""
+    if isinstance(value, str):
+        return clip(repr(value))
+    import reprlib
+
+    shortener = reprlib.Repr()
+    shortener.maxlong, shortener.maxlevel = 40, 3
+    try:
+        return clip(shortener.repr(value))
+    except (ValueError, RecursionError):
+        return f"<{type(value).__name__}>"
 
 
 class Interrupted(KeyboardInterrupt):
@@ -33,6 +63,7 @@ class AscendconvError(Exception):
     default_hint = ""
 
     def __init__(self, message: str, hint: str | None = None):
+        message = clip(message, MAX_MESSAGE_CHARS)
         super().__init__(message)
         self.message = message
         self.hint = self.default_hint if hint is None else hint
@@ -66,6 +97,10 @@ class UnsafeOutputError(UsageError):
 
 class OutputBusyError(UsageError):
     default_hint = "wait for the other run to finish, or choose another OUT"
+
+
+class OutputPathError(UsageError):
+    default_hint = "choose another OUT: a new or empty directory in a writable directory"
 
 
 # --- invalid or unreadable input (exit 3) -----------------------------------------------------
@@ -152,3 +187,23 @@ class UnsupportedTensorError(InputError):
 
 class PackageError(InputError):
     default_hint = "pass a directory written by `ascendconv convert`"
+
+
+class NotRegularFileError(HeaderError):
+    default_hint = "replace it with the regular file it stands for (a FIFO or device is never read)"
+
+
+class JSONFileError(InputError):
+    default_hint = "the file is damaged or hand-edited; restore or re-download it"
+
+
+# --- the output could not be written (exit 4) -------------------------------------------------
+
+
+class OutputWriteError(AscendconvError):
+    exit_code = EXIT_OUTPUT
+    default_hint = "free space, raise the file-size limit or choose another OUT; nothing was left at OUT"
+
+
+class NoSpaceError(OutputWriteError):
+    default_hint = "free space on that file system or choose an OUT on another one"

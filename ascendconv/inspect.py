@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ascendconv.convert import ConvertOptions, plan_for
-from ascendconv.errors import PackageError, UnrecognizedCheckpointError
+from ascendconv.errors import PackageError, UnrecognizedCheckpointError, shown
+from ascendconv.io.files import file_size
 from ascendconv.formats.constants import FLOAT
 from ascendconv.io.hfcache import resolve_source
 from ascendconv.io.package import Package, is_package
@@ -431,7 +432,7 @@ def _inspect_plain(root: Path, config: dict, config_path: Path, glob: str | None
     if fp8:
         name = next(n for n, e in tensors.items() if e.dtype in fp8)
         raise UnrecognizedCheckpointError(
-            f"{root}: holds {fp8[0]} tensors (e.g. {name!r}) but {config_path.name} has no quantization_config",
+            f"{root}: holds {fp8[0]} tensors (e.g. {shown(name)}) but {config_path.name} has no quantization_config",
             "an FP8 checkpoint must describe its quantization in config.json (quant_method 'fp8', "
             "weight_block_size); fix config.json or download the checkpoint again",
         )
@@ -480,17 +481,17 @@ def _inspect_package(root: Path, glob: str | None) -> InspectReport:
     highest = max((t for t in present if t in RANK), key=RANK.__getitem__, default=None)
     declared = package.fields.get("model_quant_type")
     if highest is not None and declared != highest:
-        problems.append(f"model_quant_type is {declared!r} but the highest type described is {highest!r}")
+        problems.append(f"model_quant_type is {shown(declared)} but the highest type described is {shown(highest)}")
     unknown = sorted(present - set(RANK))
     if unknown:
-        problems.append(f"description uses unknown type(s) {', '.join(map(repr, unknown))}")
+        problems.append(f"description uses unknown type(s) {', '.join(map(shown, unknown))}")
     if package.fields.get("group_size", 32) != 32:
-        problems.append(f"group_size is {package.fields.get('group_size')!r}, expected 32")
+        problems.append(f"group_size is {shown(package.fields.get('group_size'))}, expected 32")
     tensor_bytes = sum(e.nbytes for e in package.tensors.values())
     if package.index is not None:
         total = (package.index.get("metadata") or {}).get("total_size")
         if total != tensor_bytes and not package.broken_shards:
-            problems.append(f"index total_size is {total!r} but the shards hold {tensor_bytes} tensor bytes")
+            problems.append(f"index total_size is {shown(total)} but the shards hold {tensor_bytes} tensor bytes")
     if package.config is not None and find_quantization_config(package.config)[0] is not None:
         problems.append("config.json still has a quantization_config; vLLM would not use the AscendV1 path")
 
@@ -499,7 +500,7 @@ def _inspect_package(root: Path, glob: str | None) -> InspectReport:
     by_dtype, by_type = _tally(package.tensors, quant_type_of)
     layers, moe_layers, experts = _structure(package.tensors)
     shards = [
-        ShardInfo(f, len(package.headers[f].tensors) if f in package.headers else None, (root / f).stat().st_size)
+        ShardInfo(f, len(package.headers[f].tensors) if f in package.headers else None, file_size(root / f))
         for f in package.shard_files
     ]
     return InspectReport(

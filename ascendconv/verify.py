@@ -34,12 +34,13 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from ascendconv.errors import BadOptionError
+from ascendconv.errors import BadOptionError, clip
 from ascendconv.formats import elements, mx, requantize, resolve
 from ascendconv.npu import reference as gmm_situ
 from ascendconv.npu.reference import GmmSituInputs
 from ascendconv.formats.constants import E2M1, E4M3, E8M0_NAN, FLOAT, GROUP_SIZE, SCALE_RULES, W4A8_MXFP, W8A8_MXFP8
 from ascendconv.formats.metrics import ErrorAccumulator, ErrorStats
+from ascendconv.io.files import file_size, open_regular
 from ascendconv.io.package import Package
 from ascendconv.io.safetensors import NUMPY_DTYPES, SafetensorsHeader, TensorEntry, TensorReader
 from ascendconv.plan import (
@@ -85,6 +86,7 @@ DEFAULT_MIN_SQNR_MXFP4 = 15.0  # dB; real weights give about 19 dB (rel. L2 0.11
 DEFAULT_MAX_MOE_REL_ERR = {W4A8_MXFP: 0.30, W8A8_MXFP8: 0.10, FLOAT: 0.10}
 DEFAULT_NPU_TOL = 0.05
 MOE_BATCH_BYTES = 256 * 2**20  # packed w13 bytes per reference / NPU launch
+MAX_PROBLEM_CHARS = 1000
 STRUCTURAL_HINT = "fix the structural problems reported by the other checks first; these tensors could not be compared"
 
 HINTS = {
@@ -294,6 +296,7 @@ class VerifyReport:
 
 
 def _make_check(name: str, problems: list[str], ok_detail: str, skipped: bool = False) -> Check:
+    problems = [clip(p, MAX_PROBLEM_CHARS) for p in problems]  # names and labels come from the files
     if not problems:
         return Check(name, True, ok_detail, [], "", skipped)
     detail = problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
@@ -684,7 +687,7 @@ class _ScanFindings:
 def _scan(lay: _Layout, options: VerifyOptions, progress: Progress | None) -> _ScanFindings:
     findings = _ScanFindings()
     files = [f for f in lay.expected if f in lay.present]
-    total = sum((lay.root / f).stat().st_size for f in files)
+    total = sum(file_size(lay.root / f) for f in files)
     done = 0
     with TensorReader() as reader:
         for file in files:
@@ -694,15 +697,17 @@ def _scan(lay: _Layout, options: VerifyOptions, progress: Progress | None) -> _S
             try:
                 if header is None:  # unreadable header: checksum only, streamed raw
                     if sha is not None:
-                        with open(path, "rb") as f:
-                            for block in iter(lambda: f.read(CHUNK_BYTES), b""):
+                        fd, size = open_regular(path)  # never a FIFO or /dev/zero: no end to those
+                        with os.fdopen(fd, "rb") as f:
+                            for block in iter(lambda: f.read(min(CHUNK_BYTES, size - f.tell())), b""):
                                 sha.update(block)
                                 done += len(block)
                                 if progress:
                                     progress("scan", done, total)
                 else:
                     if sha is not None:
-                        with open(path, "rb") as f:
+                        fd, _ = open_regular(path)
+                        with os.fdopen(fd, "rb") as f:
                             sha.update(f.read(header.data_start))
                     done += header.data_start
                     for entry in sorted(header.tensors.values(), key=lambda e: e.offset):
@@ -805,7 +810,7 @@ def check_checksums(lay: _Layout, findings: _ScanFindings) -> Check:
         if got != want:
             problems.append(
                 f"{file}: sha256 {got[:16]}... differs from the {want[:16]}... recorded at conversion "
-                f"(size now {(lay.root / file).stat().st_size} bytes)"
+                f"(size now {file_size(lay.root / file)} bytes)"
             )
     return _make_check("checksums", problems, f"{checked} shard(s) match the sha256 recorded at conversion")
 

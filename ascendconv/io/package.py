@@ -7,11 +7,11 @@ package at all (no readable description) raises.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ascendconv.errors import HeaderError, NotFoundError, PackageError
+from ascendconv.errors import HeaderError, NotFoundError, PackageError, shown
+from ascendconv.io.files import file_size, read_json_object
 from ascendconv.io.safetensors import SafetensorsHeader, TensorEntry, read_header
 from ascendconv.plan import DESCRIPTION_NAME, INDEX_NAME, PROVENANCE_NAME
 
@@ -23,13 +23,7 @@ def is_package(path: Path) -> bool:
 
 
 def _load_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PackageError(f"{path}: cannot parse ({exc})") from exc
-    if not isinstance(data, dict):
-        raise PackageError(f"{path}: not a JSON object")
-    return data
+    return read_json_object(path, PackageError)
 
 
 @dataclass
@@ -89,23 +83,23 @@ class Package:
 
     @property
     def total_bytes(self) -> int:
-        return sum((self.root / f).stat().st_size for f in self.shard_files)
+        return sum(file_size(self.root / f) for f in self.shard_files)
 
     def disagreements(self) -> list[str]:
         """Where description, index and shard headers do not name the same tensors."""
         problems = [f"{f}: {why}" for f, why in sorted(self.broken_shards.items())]
-        problems += [f"tensor {n!r} is in both {a} and {b}" for n, a, b in self.duplicates]
+        problems += [f"tensor {shown(n)} is in both {a} and {b}" for n, a, b in self.duplicates]
         described, stored = set(self.description), set(self.tensors)
         if not self.broken_shards:
-            problems += [f"{n!r} is described but in no shard" for n in sorted(described - stored)]
-        problems += [f"{n!r} is in {self.tensors[n].path.name} but not described" for n in sorted(stored - described)]
+            problems += [f"{shown(n)} is described but in no shard" for n in sorted(described - stored)]
+        problems += [f"{shown(n)} is in {self.tensors[n].path.name} but not described" for n in sorted(stored - described)]
         if self.index is not None:
             weight_map = self.weight_map
             for name, file in sorted(weight_map.items()):
                 entry = self.tensors.get(name)
                 if entry is not None and entry.path.name != file:
-                    problems.append(f"index maps {name!r} to {file} but it is in {entry.path.name}")
+                    problems.append(f"index maps {shown(name)} to {shown(file)} but it is in {entry.path.name}")
                 elif entry is None and not self.broken_shards:
-                    problems.append(f"index maps {name!r} to {file} but no shard holds it")
-            problems += [f"{n!r} is in {self.tensors[n].path.name} but not in the index" for n in sorted(stored - set(weight_map))]
+                    problems.append(f"index maps {shown(name)} to {shown(file)} but no shard holds it")
+            problems += [f"{shown(n)} is in {self.tensors[n].path.name} but not in the index" for n in sorted(stored - set(weight_map))]
         return problems

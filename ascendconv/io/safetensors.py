@@ -23,7 +23,8 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from ascendconv.errors import HeaderError, TruncatedFileError
+from ascendconv.errors import HeaderError, TruncatedFileError, shown
+from ascendconv.io.files import open_regular, parse_json_bytes
 
 # dtype code -> numpy dtype used to view the bytes. F8_E4M3 is viewed as raw uint8 codes: the
 # numerics work on bits, and ml_dtypes' float8 views are made where values are needed.
@@ -47,6 +48,7 @@ NUMPY_DTYPES: dict[str, np.dtype] = {
 }
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors library's own limit
+U64_MAX = 2**64 - 1
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14+
 HEADER_ALIGNMENT = 8  # the reference writer pads the JSON header with spaces to 8 bytes
 
@@ -97,23 +99,23 @@ def read_header(path: str | os.PathLike) -> SafetensorsHeader:
     """
     path = Path(path)
     try:
-        file_size = path.stat().st_size
-        with open(path, "rb") as f:
-            prefix = f.read(8)
+        fd, file_size = open_regular(path)
+        try:
+            prefix = os.pread(fd, 8, 0)
             if len(prefix) < 8:
                 raise TruncatedFileError(f"{path}: {file_size} bytes, too short to hold a safetensors header")
             (header_len,) = struct.unpack("<Q", prefix)
             if header_len > MAX_HEADER_BYTES or 8 + header_len > file_size:
                 raise TruncatedFileError(
                     f"{path}: header length {header_len} does not fit in a file of {file_size} bytes"
+                    + (f" (at most {MAX_HEADER_BYTES} are allowed)" if header_len > MAX_HEADER_BYTES else "")
                 )
-            header_bytes = f.read(header_len)
+            header_bytes = _pread_exactly(fd, header_len, 8, path)
+        finally:
+            os.close(fd)
     except OSError as exc:
         raise HeaderError(f"{path}: cannot read: {exc.strerror}") from exc
-    try:
-        header = json.loads(header_bytes.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise HeaderError(f"{path}: the header is not valid JSON ({exc})") from exc
+    header = parse_json_bytes(header_bytes, f"{path}: the header", HeaderError)
     if not isinstance(header, dict):
         raise HeaderError(f"{path}: the header is a JSON {type(header).__name__}, not an object")
 
@@ -135,14 +137,14 @@ def read_header(path: str | os.PathLike) -> SafetensorsHeader:
     for begin, end, name in spans:
         if begin != position:
             raise HeaderError(
-                f"{path}: tensor {name!r} starts at data offset {begin}, expected {position} "
+                f"{path}: tensor {shown(name)} starts at data offset {begin}, expected {position} "
                 "(offsets must be contiguous)"
             )
         position = end
     if position > data_size:
         last = spans[-1][2]
         raise TruncatedFileError(
-            f"{path}: tensor {last!r} ends at data offset {position} but the file holds only "
+            f"{path}: tensor {shown(last)} ends at data offset {position} but the file holds only "
             f"{data_size} data bytes (truncated file)"
         )
     if position < data_size:
@@ -150,25 +152,57 @@ def read_header(path: str | os.PathLike) -> SafetensorsHeader:
     return SafetensorsHeader(path, file_size, data_start, tensors, dict(metadata), header_bytes)
 
 
+def _pread_exactly(fd: int, count: int, offset: int, path: Path) -> bytes:
+    parts, done = [], 0
+    while done < count:
+        part = os.pread(fd, count - done, offset + done)
+        if not part:
+            raise TruncatedFileError(f"{path}: cut short while its header was read (truncated file)")
+        parts.append(part)
+        done += len(part)
+    return b"".join(parts)
+
+
+def _is_u64(value: object) -> bool:
+    """An integer the safetensors library accepts (a JSON unsigned 64-bit one, never a boolean)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= U64_MAX
+
+
+def shape_problem(dtype: str, shape: object) -> str | None:
+    """Why the safetensors library would refuse `shape`, or None: each dimension an unsigned 64-bit
+    integer, and the element count, multiplied in order, and the bit count within 64 bits."""
+    if not isinstance(shape, list) or not all(_is_u64(d) for d in shape):
+        return "dimensions must be integers from 0 to 2**64-1"
+    count = 1
+    for dim in shape:
+        count *= dim
+        if count > U64_MAX:
+            return "its element count overflows 64 bits"
+    if count * itemsize(dtype) * 8 > U64_MAX:
+        return "its size in bits overflows 64 bits"
+    return None
+
+
 def _parse_entry(path: Path, name: str, info: object, data_start: int) -> TensorEntry:
     if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= info.keys():
-        raise HeaderError(f"{path}: tensor {name!r} lacks dtype, shape or data_offsets")
+        raise HeaderError(f"{path}: tensor {shown(name)} lacks dtype, shape or data_offsets")
     dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
-    if dtype not in NUMPY_DTYPES:
-        raise HeaderError(f"{path}: tensor {name!r} has unknown dtype {dtype!r}")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-        raise HeaderError(f"{path}: tensor {name!r} has invalid shape {shape!r}")
+    if not isinstance(dtype, str) or dtype not in NUMPY_DTYPES:
+        raise HeaderError(f"{path}: tensor {shown(name)} has unknown dtype {shown(dtype)}")
+    problem = shape_problem(dtype, shape)
+    if problem:
+        raise HeaderError(f"{path}: tensor {shown(name)} has invalid shape {shown(shape)}: {problem}")
     if (
         not isinstance(offsets, list)
         or len(offsets) != 2
-        or not all(isinstance(o, int) and o >= 0 for o in offsets)
+        or not all(_is_u64(o) for o in offsets)
         or offsets[1] < offsets[0]
     ):
-        raise HeaderError(f"{path}: tensor {name!r} has invalid data_offsets {offsets!r}")
+        raise HeaderError(f"{path}: tensor {shown(name)} has invalid data_offsets {shown(offsets)}")
     nbytes = tensor_nbytes(dtype, tuple(shape))
     if offsets[1] - offsets[0] != nbytes:
         raise HeaderError(
-            f"{path}: tensor {name!r} ({dtype} {shape}) needs {nbytes} bytes but its offsets span "
+            f"{path}: tensor {shown(name)} ({dtype} {shape}) needs {nbytes} bytes but its offsets span "
             f"{offsets[1] - offsets[0]}"
         )
     return TensorEntry(name, dtype, tuple(shape), path, data_start + offsets[0], nbytes)
@@ -188,7 +222,7 @@ class TensorReader:
     def _fd(self, path: Path) -> int:
         fd = self._fds.get(path)
         if fd is None:
-            fd = os.open(path, os.O_RDONLY)
+            fd, _ = open_regular(path)  # O_NONBLOCK: never waits on a FIFO put in the file's place
             self._fds[path] = fd
         return fd
 
@@ -196,7 +230,7 @@ class TensorReader:
         """`count` bytes of the tensor's data starting `start` bytes into it."""
         count = entry.nbytes - start if count is None else count
         if start < 0 or count < 0 or start + count > entry.nbytes:
-            raise ValueError(f"byte range [{start}, {start + count}) outside tensor {entry.name!r}")
+            raise ValueError(f"byte range [{start}, {start + count}) outside tensor {shown(entry.name)}")
         buffer = bytearray(count)
         view = memoryview(buffer)
         fd = self._fd(entry.path)
@@ -204,7 +238,7 @@ class TensorReader:
         while done < count:
             n = os.preadv(fd, [view[done:]], entry.offset + start + done)
             if n == 0:
-                raise TruncatedFileError(f"{entry.path}: tensor {entry.name!r} is cut short (truncated file)")
+                raise TruncatedFileError(f"{entry.path}: tensor {shown(entry.name)} is cut short (truncated file)")
             done += n
         return buffer
 
@@ -214,21 +248,21 @@ class TensorReader:
         populated at once (MADV_POPULATE_READ, Linux 5.14+) so that a file cut short raises
         TruncatedFileError here rather than a bus error later; it lasts as long as the array."""
         if start < 0 or count <= 0 or start + count > entry.nbytes:
-            raise ValueError(f"byte range [{start}, {start + count}) outside tensor {entry.name!r}")
+            raise ValueError(f"byte range [{start}, {start + count}) outside tensor {shown(entry.name)}")
         begin = entry.offset + start
         aligned = begin - begin % mmap.ALLOCATIONGRANULARITY
         length = begin + count - aligned
         try:
             mapped = mmap.mmap(self._fd(entry.path), length, access=mmap.ACCESS_READ, offset=aligned)
         except (OSError, ValueError) as exc:  # e.g. the file shrank below the range
-            raise TruncatedFileError(f"{entry.path}: tensor {entry.name!r} is cut short ({exc})") from exc
+            raise TruncatedFileError(f"{entry.path}: tensor {shown(entry.name)} is cut short ({exc})") from exc
         try:
             if hasattr(mapped, "madvise"):  # not on Windows
                 mapped.madvise(_MADV_POPULATE_READ)
         except OSError as exc:
             if exc.errno == errno.EFAULT:  # pages past the end of the file
                 mapped.close()
-                raise TruncatedFileError(f"{entry.path}: tensor {entry.name!r} is cut short (truncated file)") from exc
+                raise TruncatedFileError(f"{entry.path}: tensor {shown(entry.name)} is cut short (truncated file)") from exc
             # older kernels (EINVAL): pages fault in on first touch instead
         return np.frombuffer(mapped, dtype=np.uint8, count=count, offset=begin - aligned)
 
@@ -495,12 +529,12 @@ class ShardWriter:
         spec = self.current
         if spec is None or spec.name != name:
             expected = spec.name if spec else "nothing (the shard is full)"
-            raise RuntimeError(f"{self.path}: write of {name!r} out of order, expected {expected}")
+            raise RuntimeError(f"{self.path}: write of {shown(name)} out of order, expected {expected}")
         if isinstance(data, np.ndarray):  # as raw bytes: memoryview cannot export ml_dtypes (bfloat16)
             data = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
         view = memoryview(data).cast("B")
         if self._written + view.nbytes > spec.nbytes:
-            raise RuntimeError(f"{self.path}: {name!r} overflows its {spec.nbytes} planned bytes")
+            raise RuntimeError(f"{self.path}: {shown(name)} overflows its {spec.nbytes} planned bytes")
         self._put(view)
         self._written += view.nbytes
         if self._written == spec.nbytes:
@@ -511,7 +545,7 @@ class ShardWriter:
     def close(self) -> str:
         """Finish the shard and return its sha256 hex digest."""
         if self.current is not None:
-            raise RuntimeError(f"{self.path}: closed before {self.current.name!r} was written")
+            raise RuntimeError(f"{self.path}: closed before {shown(self.current.name)} was written")
         return self._file.close()
 
     def abort(self) -> None:

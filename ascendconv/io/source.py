@@ -7,7 +7,6 @@ scales, NaN codes) happen where the data is read: `read_scale` here, the codes i
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -29,13 +28,16 @@ from ascendconv.errors import (
     ScaleShapeError,
     UnrecognizedCheckpointError,
     UnsupportedTensorError,
+    shown,
 )
+from ascendconv.io.files import is_regular, read_json
 from ascendconv.io.safetensors import SafetensorsHeader, TensorEntry, TensorReader, read_header
 
 INDEX_NAME = "model.safetensors.index.json"
 SCALE_SUFFIX = ".weight_scale_inv"
 WEIGHT_SUFFIX = ".weight"
 SCALE_DTYPES = ("F32", "BF16")
+MAX_BLOCK = 2**31 - 1  # tile sides beyond any checkpoint, within the kernels' integer arithmetic
 
 
 @dataclass(frozen=True)
@@ -80,23 +82,34 @@ def parse_block_fp8_config(config: dict, config_path: Path) -> BlockFP8Config:
         raise NotBlockFP8Error(f"{config_path}: no quantization_config (this is not an FP8 checkpoint)")
     method = quant.get("quant_method")
     if method != "fp8":
-        raise NotBlockFP8Error(f"{config_path}: {location}.quant_method is {method!r}, expected 'fp8'")
+        raise NotBlockFP8Error(f"{config_path}: {location}.quant_method is {shown(method)}, expected 'fp8'")
     block = quant.get("weight_block_size")
     if block is None:
         raise NotBlockFP8Error(
             f"{config_path}: {location} has no weight_block_size (per-tensor FP8 is not block-wise FP8)"
         )
-    if not (isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
-        raise ConfigError(f"{config_path}: {location}.weight_block_size is {block!r}, expected [bn, bk]")
+    if not (
+        isinstance(block, list)
+        and len(block) == 2
+        and all(isinstance(b, int) and not isinstance(b, bool) and 0 < b <= MAX_BLOCK for b in block)
+    ):
+        raise ConfigError(
+            f"{config_path}: {location}.weight_block_size is {shown(block)}, expected [bn, bk] "
+            f"(integers from 1 to {MAX_BLOCK})"
+        )
     scheme = quant.get("activation_scheme", "dynamic")
     if scheme != "dynamic":
         raise NotBlockFP8Error(
-            f"{config_path}: {location}.activation_scheme is {scheme!r}; only 'dynamic' is supported"
+            f"{config_path}: {location}.activation_scheme is {shown(scheme)}; only 'dynamic' is supported"
         )
     fmt = quant.get("fmt", "e4m3")
     if fmt != "e4m3":
-        raise NotBlockFP8Error(f"{config_path}: {location}.fmt is {fmt!r}; only 'e4m3' weights are supported")
+        raise NotBlockFP8Error(f"{config_path}: {location}.fmt is {shown(fmt)}; only 'e4m3' weights are supported")
     skipped = quant.get("modules_to_not_convert") or quant.get("ignored_layers") or []
+    if not (isinstance(skipped, list) and all(isinstance(m, str) for m in skipped)):
+        raise ConfigError(
+            f"{config_path}: {location}.modules_to_not_convert is {shown(skipped)}, expected a list of module names"
+        )
     return BlockFP8Config(
         block=(block[0], block[1]),
         activation_scheme=scheme,
@@ -111,10 +124,7 @@ def load_config(root: Path) -> tuple[dict, Path]:
     path = root / "config.json"
     if not path.is_file():
         raise UnrecognizedCheckpointError(f"{root}: no config.json")
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot parse ({exc})", "fix or re-download config.json") from exc
+    config = read_json(path, ConfigError)
     if not isinstance(config, dict):
         raise ConfigError(f"{path}: not a JSON object", "fix or re-download config.json")
     return config, path
@@ -127,23 +137,26 @@ def discover_shards(root: Path, index_name: str = INDEX_NAME) -> tuple[list[Path
     """
     index_path = root / index_name
     if index_path.is_file():
-        try:
-            index = json.loads(index_path.read_text(encoding="utf-8"))
-            weight_map = index["weight_map"]
-            if not isinstance(weight_map, dict):
-                raise TypeError("weight_map is not an object")
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise IndexMismatchError(f"{index_path}: cannot read the index ({exc})") from exc
+        index = read_json(index_path, IndexMismatchError)
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict):
+            raise IndexMismatchError(f"{index_path}: cannot read the index (no weight_map object)")
+        for name, file in weight_map.items():
+            if not isinstance(file, str) or not file:
+                raise IndexMismatchError(
+                    f"{index_path}: tensor {shown(name)} is mapped to {shown(file)}, not to a file name"
+                )
         names = sorted(set(weight_map.values()))
         for name in names:
-            if not (root / name).is_file():
+            if not is_regular(root / name):
                 users = sorted(t for t, f in weight_map.items() if f == name)
+                found = "is not a regular file" if (root / name).exists() else "is not"
                 raise MissingShardError(
-                    f"{index_path}: shard {name!r} is named for {len(users)} tensors "
-                    f"(first: {users[0]!r}) but is not in {root}"
+                    f"{index_path}: shard {shown(name)} is named for {len(users)} tensors "
+                    f"(first: {shown(users[0])}) but {found} in {root}"
                 )
         return [root / n for n in names], weight_map
-    shards = sorted(p for p in root.glob("*.safetensors") if p.is_file())
+    shards = sorted(p for p in root.glob("*.safetensors") if is_regular(p))
     return shards, None
 
 
@@ -156,22 +169,22 @@ def merge_headers(
         for name, entry in header.tensors.items():
             if name in tensors:
                 raise DuplicateTensorError(
-                    f"tensor {name!r} is defined twice: in {tensors[name].path.name} and in {header.path.name}"
+                    f"tensor {shown(name)} is defined twice: in {tensors[name].path.name} and in {header.path.name}"
                 )
             tensors[name] = entry
     if weight_map is not None:
         for name, file in weight_map.items():
             entry = tensors.get(name)
             if entry is None:
-                raise IndexMismatchError(f"{index_path}: tensor {name!r} is mapped to {file!r} but no shard holds it")
+                raise IndexMismatchError(f"{index_path}: tensor {shown(name)} is mapped to {shown(file)} but no shard holds it")
             if entry.path.name != file:
                 raise IndexMismatchError(
-                    f"{index_path}: tensor {name!r} is mapped to {file!r} but is stored in {entry.path.name!r}"
+                    f"{index_path}: tensor {shown(name)} is mapped to {shown(file)} but is stored in {shown(entry.path.name)}"
                 )
         extra = sorted(set(tensors) - set(weight_map))
         if extra:
             raise IndexMismatchError(
-                f"{index_path}: tensor {extra[0]!r} in {tensors[extra[0]].path.name} is missing from the index"
+                f"{index_path}: tensor {shown(extra[0])} in {tensors[extra[0]].path.name} is missing from the index"
                 + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else "")
             )
     return tensors
@@ -187,14 +200,14 @@ def pair_fp8_linears(tensors: dict[str, TensorEntry], block: tuple[int, int]) ->
             if weight is None or weight.dtype != "F8_E4M3":
                 found = "is missing" if weight is None else f"is {weight.dtype}"
                 raise OrphanScaleError(
-                    f"{entry.path.name}: scale {name!r} has no F8_E4M3 weight: {weight_name!r} {found}"
+                    f"{entry.path.name}: scale {shown(name)} has no F8_E4M3 weight: {shown(weight_name)} {found}"
                 )
             continue
         if entry.dtype not in ("F8_E4M3", "F8_E5M2"):
             continue
         if entry.dtype == "F8_E5M2" or not name.endswith(WEIGHT_SUFFIX) or len(entry.shape) != 2:
             raise UnsupportedTensorError(
-                f"{entry.path.name}: tensor {name!r} is {entry.dtype} {list(entry.shape)}; only 2-D "
+                f"{entry.path.name}: tensor {shown(name)} is {entry.dtype} {list(entry.shape)}; only 2-D "
                 "F8_E4M3 '.weight' tensors are supported",
                 "this checkpoint uses an FP8 layout ascendconv does not know",
             )
@@ -202,17 +215,17 @@ def pair_fp8_linears(tensors: dict[str, TensorEntry], block: tuple[int, int]) ->
         scale = tensors.get(prefix + SCALE_SUFFIX)
         if scale is None:
             raise MissingScaleError(
-                f"{entry.path.name}: F8_E4M3 weight {name!r} has no {prefix + SCALE_SUFFIX!r} in any shard"
+                f"{entry.path.name}: F8_E4M3 weight {shown(name)} has no {shown(prefix + SCALE_SUFFIX)} in any shard"
             )
         if scale.dtype not in SCALE_DTYPES:
             raise ScaleDtypeError(
-                f"{scale.path.name}: {scale.name!r} is {scale.dtype}, expected one of {', '.join(SCALE_DTYPES)}"
+                f"{scale.path.name}: {shown(scale.name)} is {scale.dtype}, expected one of {', '.join(SCALE_DTYPES)}"
             )
         n, k = entry.shape
         expected = (math.ceil(n / block[0]), math.ceil(k / block[1]))
         if scale.shape != expected:
             raise ScaleShapeError(
-                f"{scale.path.name}: {scale.name!r} has shape {list(scale.shape)}, expected {list(expected)} "
+                f"{scale.path.name}: {shown(scale.name)} has shape {list(scale.shape)}, expected {list(expected)} "
                 f"for weight {list(entry.shape)} with weight_block_size {list(block)}"
             )
         linears[prefix] = Fp8Linear(prefix, entry, scale, tensors.get(prefix + ".bias"))
@@ -285,7 +298,7 @@ class SourceCheckpoint:
         if not np.isfinite(scale).all():
             bad = np.argwhere(~np.isfinite(scale))[0]
             raise NonFiniteScaleError(
-                f"{linear.scale.path.name}: {linear.scale.name!r} holds {scale[tuple(bad)]} at tile {bad.tolist()}"
+                f"{linear.scale.path.name}: {shown(linear.scale.name)} holds {scale[tuple(bad)]} at tile {bad.tolist()}"
             )
         return scale
 
