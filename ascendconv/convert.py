@@ -28,6 +28,8 @@ from ascendconv import __version__
 from ascendconv.errors import BadOptionError, NaNCodeError, NonFiniteValueError
 from ascendconv.formats.constants import E2M1, E4M3, W4A8_MXFP
 from ascendconv.io.outdir import StagedOutput, check_output, signals_interrupt
+from ascendconv.io.files import file_size
+from ascendconv.io.output import check_free_space, check_output_path, output_errors, space_needed
 from ascendconv.io.safetensors import ShardWriter, TensorEntry
 from ascendconv.io.source import Fp8Linear, SourceCheckpoint, find_quantization_config
 from ascendconv.plan import (
@@ -60,6 +62,10 @@ class ConvertOptions:
     kernel: str = "numba"
     workers: int = 0  # 0: the machine's cores
     overwrite: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 0:
+            raise BadOptionError(f"--workers {self.workers}: must be 0 (every core) or a positive number")
 
 
 @dataclass
@@ -131,16 +137,30 @@ def convert(
         if dry_run:
             return ConvertResult(out, plan, kernel.name, time.perf_counter() - started, True, {}, 0)
         check = lambda: check_output(out, source.root, options.overwrite, DESCRIPTION_NAME)  # noqa: E731
+        check_output_path(out)  # first: names too long for the file system make stat() itself fail
         check()  # before anything is created; again under the lock
-        with signals_interrupt(), StagedOutput(out, check) as staged:
-            workers = options.workers or os.cpu_count() or 1
-            digests = write_shards(source, plan, kernel, staged.staging, workers, progress)
+        check_free_space(out, package_space(source, plan))
+        with output_errors(out), signals_interrupt(), StagedOutput(out, check) as staged:
+            digests = write_shards(source, plan, kernel, staged.staging, worker_count(options.workers), progress)
             write_package_files(source, plan, staged.staging, kernel.name, digests)
             bytes_written = sum((staged.staging / name).stat().st_size for name in digests)
             staged.publish()
         return ConvertResult(out, plan, kernel.name, time.perf_counter() - started, False, digests, bytes_written)
     finally:
         source.close()
+
+
+def worker_count(requested: int) -> int:
+    """Conversion threads: the cores this process may use, or fewer if asked. More threads than
+    cores add no speed, only chunks in flight (the pipeline holds a few per worker)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return min(requested, cores) if requested > 0 else cores
+
+
+def package_space(source: SourceCheckpoint, plan: Plan) -> int:
+    """Bytes the package will take at most (see io.output.space_needed)."""
+    copied = sum(file_size(source.root / name) for name in plan.copied_files)
+    return space_needed([t.name for t in plan.tensors], plan.bytes_out, copied)
 
 
 # --- the streaming pipeline -------------------------------------------------------------------

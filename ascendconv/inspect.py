@@ -489,7 +489,8 @@ def _inspect_package(root: Path, glob: str | None) -> InspectReport:
         problems.append(f"group_size is {shown(package.fields.get('group_size'))}, expected 32")
     tensor_bytes = sum(e.nbytes for e in package.tensors.values())
     if package.index is not None:
-        total = (package.index.get("metadata") or {}).get("total_size")
+        metadata = package.index.get("metadata")
+        total = metadata.get("total_size") if isinstance(metadata, dict) else None
         if total != tensor_bytes and not package.broken_shards:
             problems.append(f"index total_size is {shown(total)} but the shards hold {tensor_bytes} tensor bytes")
     if package.config is not None and find_quantization_config(package.config)[0] is not None:
@@ -522,7 +523,7 @@ def _inspect_package(root: Path, glob: str | None) -> InspectReport:
                 "scheme": provenance.get("scheme"),
                 "scale_rule": provenance.get("scale_rule"),
                 "resolve_dtype": provenance.get("resolve_dtype"),
-                "fallbacks": len(provenance.get("fallbacks") or []),
+                "fallbacks": len(fallbacks) if isinstance(fallbacks := provenance.get("fallbacks"), list) else None,
             },
         },
         shards=shards,

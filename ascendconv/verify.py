@@ -34,7 +34,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from ascendconv.errors import BadOptionError, clip
+from ascendconv.errors import BadOptionError, clip, shown
 from ascendconv.formats import elements, mx, requantize, resolve
 from ascendconv.npu import reference as gmm_situ
 from ascendconv.npu.reference import GmmSituInputs
@@ -85,6 +85,7 @@ DEFAULT_MIN_SQNR_MXFP8 = 25.0  # dB; real block-FP8 weights give about 30 dB (re
 DEFAULT_MIN_SQNR_MXFP4 = 15.0  # dB; real weights give about 19 dB (rel. L2 0.115)
 DEFAULT_MAX_MOE_REL_ERR = {W4A8_MXFP: 0.30, W8A8_MXFP8: 0.10, FLOAT: 0.10}
 DEFAULT_NPU_TOL = 0.05
+MAX_MOE_TOKENS = 8192  # activations of (tokens, hidden) floats per sampled layer stay under a GB
 MOE_BATCH_BYTES = 256 * 2**20  # packed w13 bytes per reference / NPU launch
 MAX_PROBLEM_CHARS = 1000
 STRUCTURAL_HINT = "fix the structural problems reported by the other checks first; these tensors could not be compared"
@@ -153,8 +154,10 @@ class VerifyOptions:
         if self.source is None and (self.exact != "off" or self.moe_check):
             flag = "--moe-check" if self.moe_check else "--exact"
             raise BadOptionError(f"{flag} needs --source SRC", "pass the block-FP8 checkpoint the package came from")
-        if self.moe_layers < 0 or self.moe_tokens < 1:
-            raise BadOptionError("--moe-layers must be >= 0 and --moe-tokens >= 1")
+        if self.moe_layers < 0 or not 1 <= self.moe_tokens <= MAX_MOE_TOKENS:
+            raise BadOptionError(f"--moe-layers must be >= 0 and --moe-tokens from 1 to {MAX_MOE_TOKENS}")
+        if self.seed < 0:
+            raise BadOptionError(f"--seed {self.seed}: must be 0 or more (it seeds numpy's generator)")
         for name in ("beta", "linear_beta", "npu_tol"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
@@ -400,7 +403,7 @@ def check_files(lay: _Layout) -> Check:
         for file in lay.expected:
             match = SHARD_PATTERN.match(file)
             if not match:
-                problems.append(f"{INDEX_NAME} names shard {file!r}, which does not follow {SHARD_NAME.format(1, 1)!r}")
+                problems.append(f"{INDEX_NAME} names shard {shown(file)}, which does not follow {shown(SHARD_NAME.format(1, 1))}")
             else:
                 numbers.append((int(match[1]), int(match[2])))
         totals = {total for _, total in numbers}
@@ -437,30 +440,33 @@ def check_description(lay: _Layout) -> Check:
     fields = lay.pkg.fields
     problems = []
     if fields.get("version") != "1.0.0":
-        problems.append(f"{DESCRIPTION_NAME}: version is {fields.get('version')!r}, expected '1.0.0'")
+        problems.append(f"{DESCRIPTION_NAME}: version is {shown(fields.get('version'))}, expected '1.0.0'")
     group_size = fields.get("group_size")
     if isinstance(group_size, bool) or group_size != GROUP_SIZE:
-        problems.append(f"{DESCRIPTION_NAME}: group_size is {group_size!r}, expected {GROUP_SIZE} (0 breaks the loader)")
+        problems.append(f"{DESCRIPTION_NAME}: group_size is {shown(group_size)}, expected {GROUP_SIZE} (0 breaks the loader)")
+    for key in ("metadata", "optional"):
+        if not isinstance(fields.get(key, {}), dict):
+            problems.append(f"{DESCRIPTION_NAME}: {key} is {shown(fields[key])}, expected an object")
     labels = []
     for name, label in sorted(lay.description.items()):
         if label not in QUANT_TYPES:
-            problems.append(f"{name!r} has type {label!r}; known types: {', '.join(QUANT_TYPES)}")
+            problems.append(f"{shown(name)} has type {shown(label)}; known types: {', '.join(QUANT_TYPES)}")
             continue
         labels.append(label)
         if label in MX_TYPES and not (name.endswith(".weight") or name.endswith(".weight_scale")):
-            problems.append(f"{name!r} is labelled {label}, but only P.weight and P.weight_scale carry MX types")
+            problems.append(f"{shown(name)} is labelled {label}, but only P.weight and P.weight_scale carry MX types")
     expected = max(labels, key=RANK.__getitem__) if labels else FLOAT
     found = fields.get("model_quant_type")
     if found != expected:
         problems.append(
-            f"{DESCRIPTION_NAME}: model_quant_type is {found!r} but the highest type present is {expected!r}"
+            f"{DESCRIPTION_NAME}: model_quant_type is {shown(found)} but the highest type present is {shown(expected)}"
         )
     return _make_check("description", problems, f"{len(lay.description)} entries, model_quant_type {found}")
 
 
 def check_headers(lay: _Layout) -> Check:
     problems = [why if file in why else f"{file}: {why}" for file, why in sorted(lay.broken.items())]
-    problems += [f"tensor {n!r} is in both {a} and {b}" for n, a, b in lay.duplicates]
+    problems += [f"tensor {shown(n)} is in both {a} and {b}" for n, a, b in lay.duplicates]
     return _make_check("headers", problems, f"{len(lay.headers)} shard header(s) valid, offsets in bounds")
 
 
@@ -474,15 +480,15 @@ def check_index(lay: _Layout) -> Check:
         entry = lay.tensors.get(name)
         if entry is None:
             if file not in lay.broken and file not in lay.missing:
-                problems.append(f"{INDEX_NAME} maps {name!r} to {file} but no shard holds it")
+                problems.append(f"{INDEX_NAME} maps {shown(name)} to {file} but no shard holds it")
         elif entry.path.name != file:
-            problems.append(f"{INDEX_NAME} maps {name!r} to {file} but it is in {entry.path.name}")
+            problems.append(f"{INDEX_NAME} maps {shown(name)} to {file} but it is in {entry.path.name}")
     for name in sorted(set(lay.tensors) - set(weight_map)):
-        problems.append(f"{name!r} is in {lay.tensors[name].path.name} but not in {INDEX_NAME}")
+        problems.append(f"{shown(name)} is in {lay.tensors[name].path.name} but not in {INDEX_NAME}")
     total = metadata.get("total_size")
     actual = sum(e.nbytes for e in lay.tensors.values())
     if lay.complete and total != actual:
-        problems.append(f"{INDEX_NAME}: metadata.total_size is {total!r} but the shards hold {actual} bytes of tensor data")
+        problems.append(f"{INDEX_NAME}: metadata.total_size is {shown(total)} but the shards hold {actual} bytes of tensor data")
     return _make_check("index", problems, f"{len(weight_map)} entries, total_size {total}")
 
 
@@ -491,11 +497,11 @@ def check_coverage(lay: _Layout) -> Check:
     described, stored = set(lay.description), set(lay.tensors)
     if lay.complete:
         for name in sorted(described - stored):
-            problems.append(f"{name!r} is described ({lay.description[name]}) but in no shard")
+            problems.append(f"{shown(name)} is described ({lay.description[name]}) but in no shard")
     for name in sorted(stored - described):
-        problems.append(f"{name!r} is in {lay.tensors[name].path.name} but not described in {DESCRIPTION_NAME}")
+        problems.append(f"{shown(name)} is in {lay.tensors[name].path.name} but not described in {DESCRIPTION_NAME}")
     for name in sorted(n for n in stored if n.endswith(".weight_scale_inv")):
-        problems.append(f"{name!r} ({lay.tensors[name].path.name}) is a block-FP8 scale; an AscendV1 package has none")
+        problems.append(f"{shown(name)} ({lay.tensors[name].path.name}) is a block-FP8 scale; an AscendV1 package has none")
     # whole MoE layers: every expert 0..E-1 with all three projections, E as in config.json
     layers = moe_layers(lay.description)
     config = lay.pkg.config or {}
@@ -516,7 +522,7 @@ def check_dtypes(lay: _Layout) -> Check:
     problems = []
     for name, entry in sorted(lay.tensors.items()):
         label = lay.label(name)
-        where = f"{name!r} ({entry.path.name})"
+        where = f"{shown(name)} ({entry.path.name})"
         if label is None:
             continue
         if label in MX_TYPES and name.endswith(".weight"):
@@ -535,7 +541,7 @@ def check_dtypes(lay: _Layout) -> Check:
                 problems.append(f"{where} is {entry.dtype}; the bias of a {module.label} layer must be F32")
     for name, label in sorted(lay.description.items()):
         if name.endswith(".bias") and label in MX_TYPES:
-            problems.append(f"{name!r} is labelled {label}; the bias of an MX layer is labelled FLOAT")
+            problems.append(f"{shown(name)} is labelled {label}; the bias of an MX layer is labelled FLOAT")
     return _make_check("dtypes", problems, "every tensor has its type's dtype")
 
 
@@ -546,7 +552,7 @@ def check_shapes(lay: _Layout) -> Check:
         if module.label not in MX_TYPES or w is None:
             continue
         if len(w.shape) != 2:
-            problems.append(f"{w.name!r} ({w.path.name}) has shape {list(w.shape)}; a {module.label} weight is 2-D")
+            problems.append(f"{shown(w.name)} ({w.path.name}) has shape {list(w.shape)}; a {module.label} weight is 2-D")
             continue
         s = module.scale
         if s is None:
@@ -555,7 +561,7 @@ def check_shapes(lay: _Layout) -> Check:
         want = (n, math.ceil(k / GROUP_SIZE)) if module.label == W8A8_MXFP8 else (n, k // GROUP_SIZE)
         if s.shape != want:
             problems.append(
-                f"{s.name!r} ({s.path.name}) has shape {list(s.shape)}; {module.label} weight {w.name!r} "
+                f"{shown(s.name)} ({s.path.name}) has shape {list(s.shape)}; {module.label} weight {shown(w.name)} "
                 f"{list(w.shape)} (N={n}, K={k}) needs {list(want)}"
             )
     return _make_check("shapes", problems, "every MX weight and scale has the shape its type implies")
@@ -568,14 +574,14 @@ def check_pairs(lay: _Layout) -> Check:
         scale_label = lay.label(scale_name)
         if module.label in MX_TYPES:
             if scale_label is None:
-                problems.append(f"{module.label} weight {prefix + '.weight'!r} has no {scale_name!r}")
+                problems.append(f"{module.label} weight {shown(prefix + '.weight')} has no {shown(scale_name)}")
             elif scale_label != module.label:
-                problems.append(f"{prefix + '.weight'!r} is {module.label} but {scale_name!r} is {scale_label}")
+                problems.append(f"{shown(prefix + '.weight')} is {module.label} but {shown(scale_name)} is {scale_label}")
         elif scale_label is not None:
-            problems.append(f"{scale_name!r} is {scale_label} but its weight is {module.label}")
+            problems.append(f"{shown(scale_name)} is {scale_label} but its weight is {module.label}")
     for name in sorted(lay.description):
         if name.endswith(".weight_scale") and name[: -len("_scale")] not in lay.description:
-            problems.append(f"scale {name!r} has no weight {name[: -len('_scale')]!r}")
+            problems.append(f"scale {shown(name)} has no weight {shown(name[: -len('_scale')])}")
     return _make_check("pairs", problems, "every MX weight has its scale, of the same type")
 
 
@@ -767,11 +773,11 @@ def check_provenance(lay: _Layout) -> Check:
         return _skip("provenance", f"no {PROVENANCE_NAME} (not written by ascendconv convert)")
     problems = []
     if prov.get("tool") != "ascendconv":
-        problems.append(f"{PROVENANCE_NAME}: tool is {prov.get('tool')!r}, expected 'ascendconv'")
+        problems.append(f"{PROVENANCE_NAME}: tool is {shown(prov.get('tool'))}, expected 'ascendconv'")
     if prov.get("scale_rule") not in SCALE_RULES:
-        problems.append(f"{PROVENANCE_NAME}: scale_rule is {prov.get('scale_rule')!r}")
+        problems.append(f"{PROVENANCE_NAME}: scale_rule is {shown(prov.get('scale_rule'))}")
     if prov.get("resolve_dtype") not in RESOLVE_DTYPES:
-        problems.append(f"{PROVENANCE_NAME}: resolve_dtype is {prov.get('resolve_dtype')!r}")
+        problems.append(f"{PROVENANCE_NAME}: resolve_dtype is {shown(prov.get('resolve_dtype'))}")
     for key in ("version", "scheme", "kernel"):
         if not isinstance(prov.get(key), str):
             problems.append(f"{PROVENANCE_NAME}: {key} is missing")
@@ -783,9 +789,13 @@ def check_provenance(lay: _Layout) -> Check:
             problems.append(f"{PROVENANCE_NAME} records no checksum for {file}")
         for file in sorted(set(shards) - set(lay.expected)):
             problems.append(f"{PROVENANCE_NAME} records {file}, which is not a shard of the package")
+    if not isinstance(prov.get("fallbacks", []), list):
+        problems.append(f"{PROVENANCE_NAME}: fallbacks is {shown(prov['fallbacks'])}, expected a list")
     source = prov.get("source")
     if not isinstance(source, dict) or not isinstance(source.get("files"), list):
         problems.append(f"{PROVENANCE_NAME}: the source files are not recorded")
+    elif not all(isinstance(f, dict) and isinstance(f.get("name"), str) for f in source["files"]):
+        problems.append(f"{PROVENANCE_NAME}: a source file is recorded without its name")
     detail = f"ascendconv {prov.get('version')}, {prov.get('scheme')}, rule {prov.get('scale_rule')}, kernel {prov.get('kernel')}"
     return _make_check("provenance", problems, detail)
 
@@ -803,7 +813,7 @@ def check_checksums(lay: _Layout, findings: _ScanFindings) -> Check:
         if file not in findings.digests:
             continue
         want = recorded.get(file, {}).get("sha256") if isinstance(recorded.get(file), dict) else None
-        if want is None:
+        if not isinstance(want, str):
             continue  # reported by provenance
         checked += 1
         got = findings.digests[file]

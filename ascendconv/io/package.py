@@ -12,10 +12,10 @@ from pathlib import Path
 
 from ascendconv.errors import HeaderError, NotFoundError, PackageError, shown
 from ascendconv.io.files import file_size, read_json_object
+from ascendconv.io.rules import DESCRIPTION_FIELDS
 from ascendconv.io.safetensors import SafetensorsHeader, TensorEntry, read_header
 from ascendconv.plan import DESCRIPTION_NAME, INDEX_NAME, PROVENANCE_NAME
 
-DESCRIPTION_FIELDS = ("version", "model_quant_type", "metadata", "group_size", "optional")
 
 
 def is_package(path: Path) -> bool:
@@ -24,6 +24,18 @@ def is_package(path: Path) -> bool:
 
 def _load_json(path: Path) -> dict:
     return read_json_object(path, PackageError)
+
+
+def _check_index(path: Path, index: dict) -> None:
+    """The index's shape, which everything else relies on: weight_map names a file for each tensor."""
+    weight_map = index.get("weight_map")
+    if not isinstance(weight_map, dict):
+        raise PackageError(f"{path}: weight_map is {shown(weight_map)}, not an object")
+    for name, file in weight_map.items():
+        if not isinstance(file, str):
+            raise PackageError(f"{path}: weight_map maps {shown(name)} to {shown(file)}, not to a file name")
+    if not isinstance(index.get("metadata", {}), dict):
+        raise PackageError(f"{path}: metadata is {shown(index['metadata'])}, not an object")
 
 
 @dataclass
@@ -50,6 +62,8 @@ class Package:
         fields = {k: raw[k] for k in DESCRIPTION_FIELDS if k in raw}
         description = {k: v for k, v in raw.items() if k not in DESCRIPTION_FIELDS}
         index = _load_json(root / INDEX_NAME) if (root / INDEX_NAME).is_file() else None
+        if index is not None:
+            _check_index(root / INDEX_NAME, index)
         provenance = _load_json(root / PROVENANCE_NAME) if (root / PROVENANCE_NAME).is_file() else None
         config = _load_json(root / "config.json") if (root / "config.json").is_file() else None
 

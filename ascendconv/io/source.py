@@ -31,6 +31,7 @@ from ascendconv.errors import (
     shown,
 )
 from ascendconv.io.files import is_regular, read_json
+from ascendconv.io.rules import check_source_tensors
 from ascendconv.io.safetensors import SafetensorsHeader, TensorEntry, TensorReader, read_header
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -257,6 +258,7 @@ class SourceCheckpoint:
         tensors = merge_headers(headers, weight_map, root / INDEX_NAME)
         tensors = dict(sorted(tensors.items(), key=lambda kv: (kv[1].path.name, kv[1].offset)))
         linears = pair_fp8_linears(tensors, quant.block)
+        check_source_tensors(root, tensors, linears)
         return cls(root, config, config_path, quant, headers, tensors, linears)
 
     def companion_files(self) -> tuple[list[str], dict[str, str]]:

@@ -1,0 +1,140 @@
+"""Where a package may be written, whether it fits, and what a failed write is called.
+
+`check_output_path` and `check_free_space` run before anything is written, so an unusable OUT
+(`.`/`..`, a name the file system cannot hold, a read-only or unwritable parent, too little space)
+is a named error and not a traceback halfway through; what would lose data (the source, a symbolic
+link, a mount point, a non-package under --overwrite) is `outdir.check_output`'s.
+`output_errors` turns the OSError of a write that fails anyway (the disk filled meanwhile, a
+file-size limit, an I/O error) into a named error, in one place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from pathlib import Path
+from typing import Iterator
+
+from ascendconv.errors import NoSpaceError, OutputPathError, OutputWriteError, shown
+
+# Bytes the staging and lock names add to OUT's name ('.NAME.ascendconv-partial-<unique>').
+NAME_DECORATION_BYTES = 64
+# Bytes per tensor a shard header may take besides the tensor's name: its dtype, shape and offsets.
+HEADER_BYTES_PER_TENSOR = 128
+SPACE_MARGIN_BYTES = 16 * 2**20  # file system metadata, the JSON files, rounding
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    raise AssertionError
+
+
+def _lexists(path: Path) -> bool:
+    try:
+        os.lstat(path)
+    except OSError:  # missing, or a name too long to exist
+        return False
+    return True
+
+
+def existing_ancestor(path: Path) -> Path:
+    """The nearest directory at or above `path` that exists (where new directories would go)."""
+    path = Path(os.path.abspath(path))
+    while not _lexists(path) and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_output_path(out: Path) -> None:
+    """Refuse an OUT that cannot be created and filled, naming why (see also outdir.check_output)."""
+    if out.name in ("", ".", "..") or os.path.basename(os.path.normpath(out)) in ("", ".", ".."):
+        raise OutputPathError(f"{shown(str(out))}: names no new directory (OUT must end in a directory name)")
+    parent = existing_ancestor(out.parent)
+    _check_name_lengths(out, parent)
+    if not parent.is_dir():
+        raise OutputPathError(f"{out}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        try:
+            read_only = os.statvfs(parent).f_flag & os.ST_RDONLY
+        except OSError:
+            read_only = False
+        why = "is on a read-only file system" if read_only else "is not writable"
+        raise OutputPathError(f"{out}: cannot create the package there: {parent} {why}")
+
+
+def _check_name_lengths(out: Path, parent: Path) -> None:
+    """Each directory convert creates must fit the file system's name limit, OUT's name with room
+    for the staging directory's decoration."""
+    try:
+        name_max = os.pathconf(parent, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = 255
+    created = Path(os.path.abspath(out)).relative_to(parent).parts or (out.name,)
+    for i, part in enumerate(created):
+        last = i == len(created) - 1
+        room = name_max - (NAME_DECORATION_BYTES if last else 0)
+        if len(os.fsencode(part)) > room:
+            raise OutputPathError(
+                f"{shown(str(out))}: a name of {len(os.fsencode(part))} bytes; this file system allows "
+                f"{name_max}" + (f", and convert needs {NAME_DECORATION_BYTES} for its staging directory" if last else ""),
+                "choose a shorter name",
+            )
+
+
+def space_needed(tensor_names: list[str], tensor_bytes: int, other_bytes: int) -> int:
+    """Bytes a package takes at most: tensor data, shard headers (bounded per tensor), the other
+    files, and a margin."""
+    headers = sum(len(name.encode("utf-8", "surrogatepass")) + HEADER_BYTES_PER_TENSOR for name in tensor_names)
+    return tensor_bytes + headers + other_bytes + SPACE_MARGIN_BYTES
+
+
+def check_free_space(out: Path, needed: int) -> None:
+    """NoSpaceError unless the file system OUT goes to has `needed` bytes free (for this user)."""
+    parent = existing_ancestor(out.parent)
+    try:
+        st = os.statvfs(parent)
+    except OSError:
+        return  # unknown: the write itself will tell
+    free = st.f_bavail * st.f_frsize
+    if free < needed:
+        raise NoSpaceError(
+            f"{out}: the package needs {_human(needed)} ({needed} bytes) but {parent} has {_human(free)} "
+            f"({free} bytes) free"
+        )
+
+
+_NO_SPACE = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
+_REFUSED = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENAMETOOLONG, errno.EISDIR, errno.ENOTDIR, errno.EEXIST}
+
+
+def output_error(exc: OSError, out: Path) -> OutputWriteError | OutputPathError:
+    """The named error for an OSError raised while the package at `out` was being written."""
+    where = exc.filename or out
+    if exc.errno in _NO_SPACE:
+        free = ""
+        with contextlib.suppress(OSError):
+            st = os.statvfs(existing_ancestor(out.parent))
+            free = f" ({_human(st.f_bavail * st.f_frsize)} free now)"
+        return NoSpaceError(f"{where}: the file system is full{free}; the package was not written")
+    if exc.errno == errno.EFBIG:
+        return OutputWriteError(
+            f"{where}: a file grew past the file-size limit of this process or file system (ulimit -f); "
+            "the package was not written",
+            "raise the limit (ulimit -f unlimited), or pass a smaller --max-shard-size",
+        )
+    if exc.errno in _REFUSED:
+        return OutputPathError(f"{where}: {exc.strerror}; the package was not written")
+    return OutputWriteError(f"{where}: {exc.strerror or exc}; the package was not written")
+
+
+@contextlib.contextmanager
+def output_errors(out: Path) -> Iterator[None]:
+    """Raise the named error (see `output_error`) instead of an OSError from the block inside."""
+    try:
+        yield
+    except OSError as exc:
+        raise output_error(exc, out) from exc

@@ -1,0 +1,506 @@
+"""Hostile and unlucky inputs named in issue 12: each ends in a named error (or a failed check), at
+once, with nothing left behind. Random mutations of the same files are in test_fuzz.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import time
+
+import numpy as np
+import pytest
+
+from conftest import FIXTURES, load_shard
+from robust_helpers import (
+    assert_clean,
+    dumps_any,
+    edit_header,
+    edit_json,
+    invoke,
+    json_error,
+    read_raw_header,
+    run_cli,
+    save_tensors,
+    tree_snapshot,
+    write_raw_header,
+)
+
+DENSE = "qwen3-dense-fp8"
+MOE = "qwen3-moe-fp8"
+Q = "model.layers.0.self_attn.q_proj"
+DESCRIPTION = "quant_model_description.json"
+PKG_INDEX = "quant_model_weights.safetensors.index.json"
+PROVENANCE = "ascendconv_provenance.json"
+
+
+@pytest.fixture
+def package_copy(converted, tmp_path):
+    """A writable copy of a converted fixture package."""
+
+    def make(fixture: str = MOE, scheme: str = "w8a8-mxfp8", **options):
+        target = tmp_path / "pkg"
+        shutil.copytree(converted(fixture, scheme, **options), target)
+        return target
+
+    return make
+
+
+def convert_json(src, out, *extra):
+    result = invoke("convert", src, out, "--quiet", "--json", *extra)
+    assert_clean(result, "convert")
+    return result
+
+
+# --- hangs: FIFOs and devices are never opened for reading -----------------------------------------
+
+
+def test_fifo_shard_of_a_source_is_refused_at_once(fixture_copy, tmp_path):
+    src = fixture_copy(MOE)
+    shard = src / "model-00002-of-00003.safetensors"
+    shard.unlink()
+    os.mkfifo(shard)
+    for args in (("convert", src, tmp_path / "out", "--json"), ("inspect", src, "--json")):
+        started = time.monotonic()
+        result = run_cli(*args, timeout=60)
+        assert time.monotonic() - started < 60
+        assert result.returncode == 3, result.stderr
+        error = json.loads(result.stdout.splitlines()[0])
+        assert error["error"] == "MissingShardError" and "not a regular file" in error["message"]
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/urandom"])
+def test_device_as_package_shard_and_stray_file(package_copy, device):
+    pkg = package_copy()
+    shard = next(pkg.glob("quant_model_weights-*.safetensors"))
+    shard.unlink()
+    shard.symlink_to(device)
+    (pkg / "extra.safetensors").symlink_to(device)
+    os.mkfifo(pkg / "pipe.safetensors")
+    result = run_cli("verify", pkg, "--json", timeout=60)
+    assert result.returncode == 1, result.stderr
+    report = json.loads(result.stdout)
+    assert {"files", "headers", "checksums"} <= set(report["failed"])
+    headers = next(c for c in report["checks"] if c["name"] == "headers")
+    assert any("character device, not a regular file" in p for p in headers["problems"])
+    files = next(c for c in report["checks"] if c["name"] == "files")
+    assert any("pipe.safetensors" in p for p in files["problems"])
+    result = run_cli("inspect", pkg, "--json", timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert any("not a regular file" in p for p in json.loads(result.stdout)["problems"])
+
+
+def test_fifo_json_files_are_refused(package_copy):
+    pkg = package_copy()
+    (pkg / PROVENANCE).unlink()
+    os.mkfifo(pkg / PROVENANCE)
+    result = run_cli("verify", pkg, "--json", timeout=60)
+    # a FIFO is not a file: the package has no provenance, and checksums cannot be checked
+    assert result.returncode == 1
+    assert "provenance" in json.loads(result.stdout)["failed"] or "checksums" in json.loads(result.stdout)["failed"]
+
+
+def test_header_larger_than_the_safetensors_limit(fixture_copy, tmp_path):
+    from ascendconv.io.safetensors import MAX_HEADER_BYTES
+
+    src = fixture_copy(DENSE)
+    shard = src / "model.safetensors"
+    with open(shard, "r+b") as f:
+        f.write((MAX_HEADER_BYTES + 8).to_bytes(8, "little"))
+        f.truncate(MAX_HEADER_BYTES + 64)  # sparse: the length fits the file, not the limit
+    result = convert_json(src, tmp_path / "out")
+    assert result.exit_code == 3
+    assert json_error(result)["error"] == "TruncatedFileError" and "at most" in json_error(result)["message"]
+
+
+def test_json_file_larger_than_the_limit(fixture_copy, tmp_path, monkeypatch):
+    import ascendconv.io.files as files
+
+    monkeypatch.setattr(files, "MAX_JSON_BYTES", 1000)
+    monkeypatch.setattr(files.read_json, "__defaults__", (1000,))
+    src = fixture_copy(DENSE)
+    edit_json(src / "config.json", lambda c: c.update(padding="x" * 2000))
+    result = convert_json(src, tmp_path / "out")
+    assert result.exit_code == 3
+    assert json_error(result)["error"] == "ConfigError" and "more than" in json_error(result)["message"]
+
+
+# --- long values in messages -----------------------------------------------------------------------
+
+
+def test_long_label_is_elided_and_rendered_fast(package_copy):
+    pkg = package_copy()
+    label = "L" * 4_000_000
+    edit_json(pkg / DESCRIPTION, lambda d: d.update({next(iter(d)): label}))
+    started = time.monotonic()
+    result = invoke("verify", pkg)
+    seconds = time.monotonic() - started
+    assert_clean(result, "verify")
+    assert result.exit_code == 1
+    assert seconds < 20, seconds
+    assert len(result.stdout) < 50_000
+    assert "(4000002 chars)" in result.stdout  # the repr of the label, with its length
+
+
+def test_long_tensor_name_in_an_error_is_elided(fixture_copy, tmp_path):
+    src = fixture_copy(DENSE)
+    name = "n" * 100_000
+    edit_header(src / "model.safetensors", lambda h: h.update({name: {"dtype": ["F32"], "shape": [0], "data_offsets": [0, 0]}}))
+    result = convert_json(src, tmp_path / "out")
+    assert result.exit_code == 3
+    message = json_error(result)["message"]
+    assert json_error(result)["error"] == "HeaderError" and len(message) < 1000 and "(100002 chars)" in message
+
+
+# --- hostile JSON that parses ----------------------------------------------------------------------
+
+
+def _deep(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+HOSTILE_HEADERS = {
+    "huge integer offset": (lambda h, n: h[n].update(data_offsets=[0, 10**5000]), "HeaderError"),
+    "deep nesting": (None, "HeaderError"),
+    "dtype a list": (lambda h, n: h[n].update(dtype=["F32"]), "HeaderError"),
+    "dtype null": (lambda h, n: h[n].update(dtype=None), "HeaderError"),
+    "shape of booleans": (lambda h, n: h[n].update(shape=[True, True]), "HeaderError"),
+    "shape 2**64": (lambda h, n: h[n].update(shape=[0, 2**64]), "HeaderError"),
+    "shape overflowing": (lambda h, n: h[n].update(shape=[2**63, 2, 0]), "HeaderError"),
+    "offsets of booleans": (lambda h, n: h[n].update(data_offsets=[False, True]), "HeaderError"),
+    "metadata a list": (lambda h, n: h.update(__metadata__=["x"]), "HeaderError"),
+    "metadata a string": (lambda h, n: h.update(__metadata__="x"), "HeaderError"),
+    "entry a string": (lambda h, n: h.update({n: "x"}), "HeaderError"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_HEADERS))
+def test_hostile_source_header(fixture_copy, tmp_path, case):
+    edit, error = HOSTILE_HEADERS[case]
+    src = fixture_copy(DENSE)
+    shard = src / "model.safetensors"
+    if edit is None:
+        _, data = read_raw_header(shard)
+        write_raw_header(shard, _deep(100_000).encode(), data)
+    else:
+        header, data = read_raw_header(shard)
+        parsed = json.loads(header)
+        edit(parsed, Q + ".weight")
+        write_raw_header(shard, dumps_any(parsed), data)
+    before = tree_snapshot(src)
+    for command in (("convert", src, tmp_path / "out", "--json"), ("inspect", src, "--json")):
+        result = invoke(*command)
+        assert_clean(result, command[0])
+        assert result.exit_code == 3 and json_error(result)["error"] == error, result.output
+    assert tree_snapshot(src) == before and not (tmp_path / "out").exists()
+
+
+HOSTILE_INDEX = {
+    "weight_map values numbers": lambda i: i["weight_map"].update({k: 1 for k in list(i["weight_map"])[:3]}),
+    "weight_map value null": lambda i: i["weight_map"].update({next(iter(i["weight_map"])): None}),
+    "weight_map value a list": lambda i: i["weight_map"].update({next(iter(i["weight_map"])): ["a"]}),
+    "weight_map a list": lambda i: i.update(weight_map=[1, 2]),
+    "index a list": lambda i: [i],
+    "huge integer": lambda i: i.update(metadata={"total_size": 10**4000}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_INDEX))
+def test_hostile_source_index(fixture_copy, tmp_path, case):
+    src = fixture_copy(MOE)
+    edit_json(src / "model.safetensors.index.json", HOSTILE_INDEX[case])
+    for command in (("convert", src, tmp_path / "out", "--json"), ("inspect", src, "--json")):
+        result = invoke(*command)
+        assert_clean(result, command[0])
+        if case != "huge integer":  # total_size is not read
+            assert result.exit_code == 3 and json_error(result)["error"] == "IndexMismatchError", result.output
+
+
+HOSTILE_QUANT = {
+    "block 2**64": {"weight_block_size": [2**64, 128]},
+    "block 2**62": {"weight_block_size": [128, 2**62]},
+    "block booleans": {"weight_block_size": [True, True]},
+    "block of three": {"weight_block_size": [128, 128, 128]},
+    "modules_to_not_convert a number": {"modules_to_not_convert": 5},
+    "modules_to_not_convert a string": {"modules_to_not_convert": "lm_head"},
+    "modules_to_not_convert of numbers": {"modules_to_not_convert": [1, 2]},
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_QUANT))
+def test_hostile_quantization_config(fixture_copy, tmp_path, case):
+    src = fixture_copy(DENSE)
+    edit_json(src / "config.json", lambda c: c["quantization_config"].update(HOSTILE_QUANT[case]))
+    for command in (("convert", src, tmp_path / "out", "--json"), ("inspect", src, "--json")):
+        result = invoke(*command)
+        assert_clean(result, command[0])
+        assert result.exit_code == 3 and json_error(result)["error"] == "ConfigError", result.output
+
+
+def test_config_nested_too_deep(fixture_copy, tmp_path):
+    src = fixture_copy(DENSE)
+    (src / "config.json").write_text('{"a": ' + _deep(100_000) + "}")
+    result = convert_json(src, tmp_path / "out")
+    assert result.exit_code == 3 and "nested too deeply" in json_error(result)["message"]
+
+
+HOSTILE_PACKAGE_JSON = {
+    (DESCRIPTION, "metadata a list"): lambda d: d.update(metadata=[1]),
+    (DESCRIPTION, "metadata a string"): lambda d: d.update(metadata="x"),
+    (DESCRIPTION, "labels of every type"): lambda d: d.update({k: v for k, v in zip(list(d)[:5], [1, None, [], {}, 2.5])}),
+    (DESCRIPTION, "huge group_size"): lambda d: d.update(group_size=10**4000),
+    (DESCRIPTION, "version a dict"): lambda d: d.update(version={"a": 1}),
+    (PKG_INDEX, "weight_map values numbers"): lambda i: i["weight_map"].update({k: 7 for k in i["weight_map"]}),
+    (PKG_INDEX, "weight_map null"): lambda i: i.update(weight_map=None),
+    (PKG_INDEX, "metadata a list"): lambda i: i.update(metadata=[1]),
+    (PKG_INDEX, "total_size a string"): lambda i: i.update(metadata={"total_size": "1"}),
+    (PROVENANCE, "shards a list"): lambda p: p.update(shards=[1]),
+    (PROVENANCE, "shard entry a number"): lambda p: p["shards"].update({k: 1 for k in p["shards"]}),
+    (PROVENANCE, "sha256 a number"): lambda p: p["shards"].update({k: {"sha256": 5} for k in p["shards"]}),
+    (PROVENANCE, "source files of numbers"): lambda p: p["source"].update(files=[1, None]),
+    (PROVENANCE, "source a string"): lambda p: p.update(source="x"),
+    (PROVENANCE, "fallbacks a number"): lambda p: p.update(fallbacks=3),
+    (PROVENANCE, "version huge"): lambda p: p.update(version=10**4000),
+    ("config.json", "text_config a list"): lambda c: c.update(text_config=[1]),
+    ("config.json", "num_experts a string"): lambda c: c.update(num_experts="4"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_PACKAGE_JSON), ids=lambda c: f"{c[0]}-{c[1]}")
+def test_hostile_package_json(package_copy, case):
+    pkg = package_copy()
+    file, _ = case
+    edit_json(pkg / file, HOSTILE_PACKAGE_JSON[case])
+    for command in (("verify", pkg, "--json"), ("verify", pkg), ("inspect", pkg, "--json"), ("inspect", pkg)):
+        result = invoke(*command)
+        assert_clean(result, command[0])
+    if file != "config.json" and case[1] not in ("sha256 a number", "shard entry a number"):  # checksum module
+        assert invoke("verify", pkg).exit_code in (1, 3)
+
+
+# --- absurd numbers --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("convert", "SRC", "OUT", "--workers", "-1"),
+        ("verify", "PKG", "--seed", "-1"),
+        ("verify", "PKG", "--moe-tokens", "1e9"),
+        ("verify", "PKG", "--moe-tokens", "1000000000"),
+    ],
+)
+def test_absurd_options_are_usage_errors(fixture_copy, package_copy, tmp_path, args):
+    names = {"SRC": fixture_copy(DENSE), "OUT": tmp_path / "out", "PKG": package_copy()}
+    result = invoke(*(names.get(a, a) for a in args))
+    assert_clean(result, args[0])
+    assert result.exit_code == 2, result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_workers_beyond_cores_are_clamped():
+    from ascendconv.convert import worker_count
+
+    cores = len(os.sched_getaffinity(0))
+    assert worker_count(1000) == cores and worker_count(0) == cores and worker_count(1) == 1
+
+
+def test_zero_size_weight_converts_and_verifies_exactly(fixture_copy, tmp_path):
+    src = fixture_copy(DENSE)
+    shard = src / "model.safetensors"
+    tensors = load_shard(shard)
+    _, shape, _ = tensors[Q + ".weight"]
+    tensors[Q + ".weight"] = ("F8_E4M3", (0, shape[1]), b"")
+    dtype, sshape, _ = tensors[Q + ".weight_scale_inv"]
+    tensors[Q + ".weight_scale_inv"] = (dtype, (0, sshape[1]), b"")
+    save_tensors(shard, tensors)
+    out = tmp_path / "out"
+    result = convert_json(src, out)
+    assert result.exit_code == 0, result.output
+    result = invoke("verify", out, "--source", src, "--exact", "--json")
+    assert_clean(result, "verify")
+    assert result.exit_code == 0, result.output
+
+
+# --- sources convert would accept and verify reject ------------------------------------------------
+
+
+def _add_tensor(name, dtype="BF16", shape=(4,)):
+    def edit(tensors):
+        size = int(np.prod(shape)) * {"BF16": 2, "I32": 4, "F32": 4, "F8_E8M0": 1}[dtype]
+        tensors[name] = (dtype, shape, bytes(size))
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    "edit,error,words",
+    [
+        (_add_tensor("version"), "UnsupportedTensorError", ["'version'", "quant_model_description.json"]),
+        (_add_tensor("metadata"), "UnsupportedTensorError", ["'metadata'"]),
+        (_add_tensor(Q + ".weight_scale", "F32", (1, 2)), "UnsupportedTensorError", [Q + ".weight_scale'"]),
+        (_add_tensor(Q + ".bias", "I32", (256,)), "UnsupportedTensorError", [Q + ".bias", "I32"]),
+        (_add_tensor("model.extra", "F8_E8M0", (4,)), "UnsupportedTensorError", ["model.extra", "F8_E8M0"]),
+        (lambda t: t.clear(), "UnrecognizedCheckpointError", ["no tensors"]),
+    ],
+)
+def test_sources_verify_would_reject_are_refused_up_front(fixture_copy, tmp_path, edit, error, words):
+    src = fixture_copy(DENSE)
+    shard = src / "model.safetensors"
+    tensors = load_shard(shard)
+    edit(tensors)
+    save_tensors(shard, tensors)
+    for command in (("convert", src, tmp_path / "out", "--json"), ("inspect", src, "--json")):
+        result = invoke(*command)
+        assert_clean(result, command[0])
+        assert result.exit_code == 3, result.output
+        report = json_error(result)
+        assert report["error"] == error, report
+        for word in words:
+            assert word in report["message"], (word, report["message"])
+    assert not (tmp_path / "out").exists()
+
+
+# --- output paths ----------------------------------------------------------------------------------
+
+
+def test_output_symlink_is_refused(fixture_copy, tmp_path):
+    target = tmp_path / "real"
+    target.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    result = convert_json(fixture_copy(DENSE), link, "--overwrite")
+    assert result.exit_code == 2 and json_error(result)["error"] == "UnsafeOutputError"
+    assert "symbolic link" in json_error(result)["message"]
+    assert link.is_symlink() and list(target.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", [".", ".."])
+def test_output_dot_and_dotdot_are_refused(fixture_copy, tmp_path, name, monkeypatch):
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    result = convert_json(fixture_copy(DENSE), name, "--overwrite")
+    assert result.exit_code == 2 and json_error(result)["error"] in ("OutputPathError", "OutputExistsError")
+    assert list(work.iterdir()) == []
+
+
+def test_output_name_too_long_is_refused(fixture_copy, tmp_path):
+    src = fixture_copy(DENSE)
+    result = convert_json(src, tmp_path / ("o" * 250))
+    assert result.exit_code == 2 and json_error(result)["error"] == "OutputPathError"
+    assert "bytes" in json_error(result)["message"] and "shorter" in json_error(result)["hint"]
+    result = convert_json(src, tmp_path / ("d" * 300) / "out")
+    assert result.exit_code == 2 and json_error(result)["error"] == "OutputPathError"
+    assert [p.name for p in tmp_path.iterdir()] == ["src"]
+
+
+def test_not_enough_space_is_refused_before_writing(fixture_copy, tmp_path, monkeypatch):
+    import ascendconv.io.output as output
+
+    class Tiny:
+        f_bavail, f_frsize, f_flag = 10, 4096, 0
+
+    monkeypatch.setattr(output.os, "statvfs", lambda path: Tiny())
+    result = convert_json(fixture_copy(DENSE), tmp_path / "out")
+    assert result.exit_code == 4 and json_error(result)["error"] == "NoSpaceError"
+    message = json_error(result)["message"]
+    assert "needs" in message and "40960 bytes" in message
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "errno_name,error", [("ENOSPC", "NoSpaceError"), ("EFBIG", "OutputWriteError"), ("EIO", "OutputWriteError")]
+)
+def test_write_failure_is_a_named_error(fixture_copy, tmp_path, monkeypatch, errno_name, error):
+    import errno
+
+    import ascendconv.convert as convert
+
+    def fail(*args, **kwargs):
+        raise OSError(getattr(errno, errno_name), os.strerror(getattr(errno, errno_name)), str(tmp_path / "x"))
+
+    monkeypatch.setattr(convert, "write_package_files", fail)
+    result = convert_json(fixture_copy(DENSE), tmp_path / "out")
+    assert result.exit_code == 4 and json_error(result)["error"] == error
+    assert [p.name for p in tmp_path.iterdir()] == ["src"]
+
+
+def test_file_size_limit_in_a_real_process(tmp_path):
+    """`ulimit -f`: Python ignores SIGXFSZ, so the write fails with EFBIG: a named error."""
+    import resource
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
+
+    src = tmp_path / "src"
+    shutil.copytree(FIXTURES / DENSE, src)
+    result = run_cli("convert", src, tmp_path / "out", "--json", "--quiet", preexec_fn=limit)
+    assert result.returncode == 4, result.stderr
+    assert json.loads(result.stdout.splitlines()[0])["error"] == "OutputWriteError"
+    assert "ulimit" in result.stderr and "Traceback" not in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A 1 MiB tmpfs mounted under tmp_path; skipped where mounting is not allowed."""
+    import subprocess
+
+    mount = tmp_path / "mnt"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip() or done.returncode}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_full_file_system_is_refused_with_sizes(small_fs, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(FIXTURES / DENSE, src)
+    (small_fs / "filler").write_bytes(b"\0" * 700_000)
+    result = convert_json(src, small_fs / "out")
+    assert result.exit_code == 4 and json_error(result)["error"] == "NoSpaceError"
+    assert "needs" in json_error(result)["message"] and "free" in json_error(result)["message"]
+    assert sorted(p.name for p in small_fs.iterdir()) == ["filler"]
+
+
+def test_disk_filling_during_the_write(small_fs, tmp_path, monkeypatch):
+    import ascendconv.convert as convert
+
+    monkeypatch.setattr(convert, "check_free_space", lambda out, needed: None)  # filled meanwhile
+    src = tmp_path / "src"
+    shutil.copytree(FIXTURES / DENSE, src)
+    (small_fs / "filler").write_bytes(b"\0" * 900_000)
+    result = convert_json(src, small_fs / "out")
+    assert result.exit_code == 4 and json_error(result)["error"] == "NoSpaceError", result.output
+    assert sorted(p.name for p in small_fs.iterdir()) == ["filler"]
+
+
+def test_mount_point_and_read_only_file_system(small_fs, tmp_path):
+    import subprocess
+
+    src = tmp_path / "src"
+    shutil.copytree(FIXTURES / DENSE, src)
+    result = convert_json(src, small_fs, "--overwrite")
+    assert result.exit_code == 2 and "mount point" in json_error(result)["message"]
+    subprocess.run(["mount", "-o", "remount,ro", str(small_fs)], check=True)
+    result = convert_json(src, small_fs / "out")
+    assert result.exit_code == 2 and "read-only file system" in json_error(result)["message"]
+
+
+def test_read_only_parent_without_privileges(fixture_copy, tmp_path, monkeypatch):
+    import ascendconv.io.output as output
+
+    parent = tmp_path / "ro"
+    parent.mkdir()
+    parent.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    monkeypatch.setattr(output.os, "access", lambda path, mode: False)  # root passes every access test
+    result = convert_json(fixture_copy(DENSE), parent / "out")
+    assert result.exit_code == 2 and json_error(result)["error"] == "OutputPathError"
+    assert "not writable" in json_error(result)["message"]
