@@ -185,6 +185,10 @@ class UnsupportedTensorError(InputError):
     pass
 
 
+class IncompleteMoEError(InputError):
+    default_hint = "the checkpoint is incomplete or its config.json disagrees with it; download it again"
+
+
 class PackageError(InputError):
     default_hint = "pass a directory written by `ascendconv convert`"
 

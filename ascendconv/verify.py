@@ -42,6 +42,7 @@ from ascendconv.formats.constants import E2M1, E4M3, E8M0_NAN, FLOAT, GROUP_SIZE
 from ascendconv.formats.metrics import ErrorAccumulator, ErrorStats
 from ascendconv.io.files import file_size, open_regular
 from ascendconv.io.package import Package
+from ascendconv.io.rules import moe_coverage_problems, moe_layers
 from ascendconv.io.safetensors import NUMPY_DTYPES, SafetensorsHeader, TensorEntry, TensorReader
 from ascendconv.plan import (
     DESCRIPTION_NAME,
@@ -65,10 +66,6 @@ FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
 FP8_DTYPES = ("F8_E4M3", "F8_E5M2", "F8_E8M0")
 CHUNK_BYTES = 16 * 2**20  # bytes read at a time, per tensor
 SHARD_PATTERN = re.compile(r"^quant_model_weights-(\d{5})-of-(\d{5})\.safetensors$")
-ROUTED_EXPERT_WEIGHT = re.compile(
-    r"^(?P<layer>.*\.mlp)\.experts\.(?P<expert>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$"
-)
-EXPERT_COUNT_KEYS = ("num_experts", "n_routed_experts", "num_local_experts")
 
 # --- tensor parallelism: the one place that says how vLLM splits each linear -------------------
 # Row-parallel linears split K (the reduction axis) over the ranks: the type's K alignment rule
@@ -502,19 +499,8 @@ def check_coverage(lay: _Layout) -> Check:
         problems.append(f"{shown(name)} is in {lay.tensors[name].path.name} but not described in {DESCRIPTION_NAME}")
     for name in sorted(n for n in stored if n.endswith(".weight_scale_inv")):
         problems.append(f"{shown(name)} ({lay.tensors[name].path.name}) is a block-FP8 scale; an AscendV1 package has none")
-    # whole MoE layers: every expert 0..E-1 with all three projections, E as in config.json
-    layers = moe_layers(lay.description)
-    config = lay.pkg.config or {}
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
-    configured = next((c.get(k) for c in (config, text) for k in EXPERT_COUNT_KEYS if isinstance(c.get(k), int)), None)
-    for layer, experts in layers.items():
-        count = max(experts) + 1
-        for e in range(count):
-            missing = [p for p in ("gate_proj", "up_proj", "down_proj") if p not in experts.get(e, {})]
-            if missing:
-                problems.append(f"{layer}.experts.{e} has no {', '.join(missing)} in {DESCRIPTION_NAME}")
-        if configured is not None and count != configured:
-            problems.append(f"{layer} has {count} experts but config.json says {configured}")
+    # whole MoE layers: the rule convert applies to its source (io.rules)
+    problems += moe_coverage_problems(lay.description, lay.pkg.config, DESCRIPTION_NAME)
     return _make_check("coverage", problems, f"{len(stored)} tensors, each described and stored once")
 
 
@@ -1131,20 +1117,6 @@ def check_exact(found: _SourceFindings, lay: _Layout, options: VerifyOptions) ->
 
 
 # --- MoE: the GroupedMatmulSituQuant chain on sampled layers --------------------------------------
-
-
-def moe_layers(description: dict) -> dict[str, dict[int, dict[str, str]]]:
-    """layer prefix ('model.layers.3.mlp') -> expert -> projection -> weight name, in layer order."""
-    layers: dict[str, dict[int, dict[str, str]]] = {}
-    for name in description:
-        match = ROUTED_EXPERT_WEIGHT.match(name)
-        if match:
-            layers.setdefault(match["layer"], {}).setdefault(int(match["expert"]), {})[match["proj"]] = name
-
-    def order(layer: str):
-        return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", layer)]
-
-    return {layer: layers[layer] for layer in sorted(layers, key=order)}
 
 
 def sample_layers(layers: list[str], count: int) -> list[str]:

@@ -504,3 +504,24 @@ def test_read_only_parent_without_privileges(fixture_copy, tmp_path, monkeypatch
     result = convert_json(fixture_copy(DENSE), parent / "out")
     assert result.exit_code == 2 and json_error(result)["error"] == "OutputPathError"
     assert "not writable" in json_error(result)["message"]
+
+
+def test_expert_count_disagreeing_with_config_is_refused_up_front(fixture_copy, tmp_path):
+    src = fixture_copy(MOE)
+    edit_json(src / "config.json", lambda c: c.update(num_experts=5))
+    result = convert_json(src, tmp_path / "out")
+    assert result.exit_code == 3 and json_error(result)["error"] == "IncompleteMoEError"
+    assert "has 4 experts but config.json says 5" in json_error(result)["message"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_huge_expert_number_in_a_description_is_checked_at_once(package_copy):
+    pkg = package_copy()
+    name = "model.layers.0.mlp.experts.999999999.gate_proj.weight"
+    edit_json(pkg / DESCRIPTION, lambda d: d.update({name: "FLOAT"}))
+    started = time.monotonic()
+    result = invoke("verify", pkg, "--json")
+    assert time.monotonic() - started < 20
+    assert_clean(result, "verify")
+    coverage = next(c for c in json.loads(result.stdout)["checks"] if c["name"] == "coverage")
+    assert any("999999995 of 1000000000 experts missing" in p for p in coverage["problems"]), coverage

@@ -7,9 +7,11 @@ package its own `verify` accepts.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Iterable
 
-from ascendconv.errors import UnrecognizedCheckpointError, UnsupportedTensorError, shown
+from ascendconv.errors import IncompleteMoEError, UnrecognizedCheckpointError, UnsupportedTensorError, clip, shown
 from ascendconv.io.safetensors import TensorEntry
 
 # Keys of quant_model_description.json besides the tensor names: a tensor of one of these names
@@ -18,9 +20,63 @@ DESCRIPTION_FIELDS = ("version", "model_quant_type", "metadata", "group_size", "
 MX_SCALE_SUFFIX = ".weight_scale"  # the name the package gives an MX layer's E8M0 scales
 FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
 FP8_DTYPES = ("F8_E4M3", "F8_E5M2", "F8_E8M0")
+ROUTED_EXPERT_WEIGHT = re.compile(
+    r"^(?P<layer>.*\.mlp)\.experts\.(?P<expert>\d{1,9})\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$"
+)
+EXPERT_COUNT_KEYS = ("num_experts", "n_routed_experts", "num_local_experts")
+EXPERT_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
 
-def check_source_tensors(root: Path, tensors: dict[str, TensorEntry], linears: dict) -> None:
+def moe_layers(names: Iterable[str]) -> dict[str, dict[int, dict[str, str]]]:
+    """layer prefix ('model.layers.3.mlp') -> expert -> projection -> weight name, in layer order."""
+    layers: dict[str, dict[int, dict[str, str]]] = {}
+    for name in names:
+        match = ROUTED_EXPERT_WEIGHT.match(name)
+        if match:
+            layers.setdefault(match["layer"], {}).setdefault(int(match["expert"]), {})[match["proj"]] = name
+
+    def order(layer: str):
+        return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", layer)]
+
+    return {layer: layers[layer] for layer in sorted(layers, key=order)}
+
+
+def configured_experts(config: dict | None) -> int | None:
+    """The routed-expert count config.json states (top level or text_config), if any."""
+    config = config if isinstance(config, dict) else {}
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    for source in (config, text):
+        for key in EXPERT_COUNT_KEYS:
+            value = source.get(key)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+    return None
+
+
+def moe_coverage_problems(names: Iterable[str], config: dict | None, where: str) -> list[str]:
+    """Whole MoE layers: experts 0..E-1, each with its three projections, E as config.json says.
+    `where` names what holds the names (for the messages). Work is bounded by the names given,
+    never by an expert number read from a file."""
+    problems = []
+    configured = configured_experts(config)
+    for layer, experts in moe_layers(names).items():
+        count = max(experts) + 1
+        absent = count - len(experts)
+        if absent:
+            first = next(e for e in range(count) if e not in experts)  # at most len(experts) + 1 steps
+            problems.append(
+                f"{clip(layer)}.experts.{first} is not in {where}" + (f" ({absent} of {count} experts missing)" if absent > 1 else "")
+            )
+        for e in sorted(experts):
+            missing = [p for p in EXPERT_PROJECTIONS if p not in experts[e]]
+            if missing:
+                problems.append(f"{clip(layer)}.experts.{e} has no {', '.join(missing)} in {where}")
+        if configured is not None and count != configured:
+            problems.append(f"{clip(layer)} has {count} experts but config.json says {configured}")
+    return problems
+
+
+def check_source_tensors(root: Path, tensors: dict[str, TensorEntry], linears: dict, config: dict) -> None:
     """Raise a named error for the first source tensor the package could not carry as the loader
     and `verify` expect. `linears`: module prefix -> Fp8Linear (weight, scale, bias)."""
     if not tensors:
@@ -50,3 +106,6 @@ def check_source_tensors(root: Path, tensors: dict[str, TensorEntry], linears: d
                 f"{bias.path.name}: bias {shown(bias.name)} of an FP8 linear is {bias.dtype}, not a float dtype",
                 f"an MX layer's bias is written as F32 from one of {', '.join(FLOAT_DTYPES)}",
             )
+    problems = moe_coverage_problems(tensors, config, f"{root}")
+    if problems:
+        raise IncompleteMoEError(problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))

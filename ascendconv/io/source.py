@@ -151,7 +151,7 @@ def discover_shards(root: Path, index_name: str = INDEX_NAME) -> tuple[list[Path
         for name in names:
             if not is_regular(root / name):
                 users = sorted(t for t, f in weight_map.items() if f == name)
-                found = "is not a regular file" if (root / name).exists() else "is not"
+                found = "is not a regular file" if os.path.exists(root / name) else "is not"
                 raise MissingShardError(
                     f"{index_path}: shard {shown(name)} is named for {len(users)} tensors "
                     f"(first: {shown(users[0])}) but {found} in {root}"
@@ -258,7 +258,7 @@ class SourceCheckpoint:
         tensors = merge_headers(headers, weight_map, root / INDEX_NAME)
         tensors = dict(sorted(tensors.items(), key=lambda kv: (kv[1].path.name, kv[1].offset)))
         linears = pair_fp8_linears(tensors, quant.block)
-        check_source_tensors(root, tensors, linears)
+        check_source_tensors(root, tensors, linears, config)
         return cls(root, config, config_path, quant, headers, tensors, linears)
 
     def companion_files(self) -> tuple[list[str], dict[str, str]]:

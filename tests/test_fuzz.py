@@ -1,0 +1,335 @@
+"""Fuzzing the JSON a checkpoint or a package is made of: shard headers, indexes, configs, the
+description and the provenance of the bundled fixtures, mutated by hypothesis (derandomized, a
+fixed example budget) and fed to the CLI in process.
+
+Every input must end as the tool means it to: exit 0, a failed check (verify, exit 1) or a named
+project error (exit 3), never a traceback; within a time bound; writing nothing outside OUT and
+leaving the source untouched. A source convert accepts must give a package its own verify accepts.
+A few examples run in real processes, with their peak memory measured.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import FIXTURES
+from robust_helpers import (
+    assert_clean,
+    invoke,
+    json_error,
+    project_error_names,
+    read_raw_header,
+    tree_snapshot,
+    write_raw_header,
+)
+
+EXAMPLES = {  # per target; the whole module runs in well under a minute on 2 cores
+    "source_header": 60,
+    "source_index": 40,
+    "source_config": 60,
+    "package_json": 120,
+    "package_header": 40,
+}
+SECONDS_PER_COMMAND = 20  # a generous bound; the commands take a fraction of a second here
+RAN: dict[str, int] = {}  # examples run per target, reported at the end
+OUTCOMES: dict[str, int] = {}  # exit codes seen, per command: that the fuzzing reaches past parsing
+
+
+def fuzz_settings(target: str):
+    return settings(
+        max_examples=EXAMPLES[target],
+        derandomize=True,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+
+
+# --- mutations of a JSON document --------------------------------------------------------------------
+
+# Raw JSON text that Python parses into something hostile, spliced in where a sentinel string is.
+RAW = {
+    "@@HUGE_INT@@": "9" * 5000,  # past Python's int-string limit (4300 digits)
+    "@@DEEP@@": "[" * 100_000 + "]" * 100_000,  # past the parser's recursion limit
+    "@@NAN@@": "NaN",
+    "@@INF@@": "1e999",
+    "@@MINUS_INF@@": "-Infinity",
+}
+HOSTILE = [
+    None, True, False, 0, -1, 1, 3, 32, 255, 2**31, 2**32 + 1, 2**62, 2**63, 2**64, 2**64 + 1, -(2**63), 0.5, -0.0, 1e300,
+    "", "x", "F8_E4M3", "BF16", "U8", "F32", "I32", "FLOAT", "W8A8_MXFP8", "W4A8_MXFP", "1.0.0", "fp8", "dynamic",
+    "é" * 3, "a" * 100_000, "../x", "/etc/passwd", "model.safetensors", "quant_model_weights.safetensors",
+    [], {}, [1], [128, 128], [True, 1], [0, 2**64], ["a", 1, None], {"a": 1}, {"total_size": -1},
+    *RAW,
+]
+KEYS = ["", "version", "metadata", "__metadata__", "weight_map", "dtype", "shape", "data_offsets", "x" * 10_000]
+
+
+def paths(doc, prefix=(), limit=4000) -> list[tuple]:
+    """Every path to a value in a JSON document (keys and list indices), the root excluded."""
+    found: list[tuple] = []
+    stack = [(prefix, doc)]
+    while stack and len(found) < limit:
+        path, node = stack.pop()
+        children = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for key, child in children:
+            found.append(path + (key,))
+            stack.append((path + (key,), child))
+    return sorted(found, key=repr)
+
+
+def _value(doc, path):
+    for key in path:
+        doc = doc[key]
+    return doc
+
+
+def _parent(doc, path):
+    return _value(doc, path[:-1])
+
+
+class Mutation:
+    """New JSON text and the edits that made it (what a failing example shows, briefly)."""
+
+    def __init__(self, text: str, edits: list):
+        self.text, self.edits = text, edits
+
+    def __repr__(self) -> str:
+        return f"Mutation({self.edits!r})"[:400]
+
+    def __iter__(self):  # text, edits = mutation
+        return iter((self.text, self.edits))
+
+
+@st.composite
+def mutated(draw, doc):
+    """A Mutation: one to three edits of `doc` (a parsed JSON document)."""
+    doc = json.loads(json.dumps(doc))
+    edits = []
+    for _ in range(draw(st.integers(1, 3))):
+        where = paths(doc)
+        op = draw(st.sampled_from(["set", "set", "set", "delete", "rename", "add"] if where else ["add"]))
+        value = draw(st.one_of(st.sampled_from(HOSTILE), st.integers(-(2**65), 2**65), st.text(max_size=12)))
+        if op == "add":
+            objects = [()] + [p for p in where if isinstance(_value(doc, p), dict)]
+            target = _value(doc, draw(st.sampled_from(objects)))
+            key = draw(st.one_of(st.sampled_from(KEYS), st.text(max_size=8)))
+            if isinstance(target, dict):
+                target[key] = value
+            edits.append(("add", key[:40], repr(value)[:40]))
+            continue
+        path = draw(st.sampled_from(where))
+        parent = _parent(doc, path)
+        key = path[-1]
+        if op == "set":
+            parent[key] = value
+        elif op == "delete":
+            del parent[key]
+        elif isinstance(parent, dict):  # rename
+            new = draw(st.one_of(st.sampled_from(KEYS), st.text(max_size=8)))
+            parent[new] = parent.pop(key)
+        edits.append((op, repr(path)[:80], repr(value)[:40]))
+    text = json.dumps(doc, ensure_ascii=draw(st.booleans()))
+    for sentinel, raw in RAW.items():
+        text = text.replace(json.dumps(sentinel), raw)
+    return Mutation(text, edits)
+
+
+# --- running the commands -------------------------------------------------------------------------
+
+ERROR_NAMES = project_error_names()
+
+
+def run(command: str, *args) -> object:
+    started = time.monotonic()
+    result = invoke(command, *args)
+    assert time.monotonic() - started < SECONDS_PER_COMMAND, (command, args)
+    assert_clean(result, command)
+    OUTCOMES[f"{command} {result.exit_code}"] = OUTCOMES.get(f"{command} {result.exit_code}", 0) + 1
+    if result.exit_code == 3 and "--json" in args:
+        assert json_error(result)["error"] in ERROR_NAMES
+    return result
+
+
+class Workspace:
+    """A fresh directory per example: SRC (a fixture copy) or PKG, and the OUT convert may write."""
+
+    def __init__(self, original: Path):
+        self.dir = Path(tempfile.mkdtemp(prefix="fuzz-"))
+        self.root = self.dir / original.name
+        shutil.copytree(original, self.root)
+
+    def snapshot(self) -> dict:
+        return tree_snapshot(self.dir)
+
+    def close(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def check_source(ws: Workspace, target: str) -> None:
+    """convert, then inspect, the mutated source; a package convert writes must pass verify."""
+    out = ws.dir / "out"
+    before = ws.snapshot()
+    result = run("convert", ws.root, out, "--quiet", "--json")
+    assert result.exit_code in (0, 3), result.output
+    after = {k: v for k, v in ws.snapshot().items() if not k.startswith("out/")}
+    assert after == before, "convert changed files outside OUT (or the source)"
+    if result.exit_code == 0:
+        verdict = run("verify", out, "--source", ws.root, "--json")
+        assert verdict.exit_code == 0, f"convert accepted a source its verify rejects: {verdict.stdout[:3000]}"
+    else:
+        assert not out.exists()
+    run("inspect", ws.root, "--json")
+    RAN[target] = RAN.get(target, 0) + 1
+
+
+def check_package(ws: Workspace, target: str) -> None:
+    before = ws.snapshot()
+    for args in (("--json",), ()):
+        run("verify", ws.root, *args)
+        run("inspect", ws.root, *args)
+    assert ws.snapshot() == before, "verify or inspect changed the package"
+    RAN[target] = RAN.get(target, 0) + 1
+
+
+# --- the targets ------------------------------------------------------------------------------------
+
+DENSE = FIXTURES / "qwen3-dense-fp8"
+MOE = FIXTURES / "qwen3-moe-fp8"
+DENSE_HEADER = json.loads(read_raw_header(DENSE / "model.safetensors")[0])
+MOE_INDEX = json.loads((MOE / "model.safetensors.index.json").read_text())
+MOE_CONFIG = json.loads((MOE / "config.json").read_text())
+
+
+@fuzz_settings("source_header")
+@given(mutation=mutated(DENSE_HEADER))
+def test_fuzz_source_header(mutation):
+    text, _ = mutation
+    ws = Workspace(DENSE)
+    try:
+        shard = ws.root / "model.safetensors"
+        write_raw_header(shard, text.encode(), read_raw_header(shard)[1])
+        check_source(ws, "source_header")
+    finally:
+        ws.close()
+
+
+@fuzz_settings("source_index")
+@given(mutation=mutated(MOE_INDEX))
+def test_fuzz_source_index(mutation):
+    text, _ = mutation
+    ws = Workspace(MOE)
+    try:
+        (ws.root / "model.safetensors.index.json").write_text(text)
+        check_source(ws, "source_index")
+    finally:
+        ws.close()
+
+
+@fuzz_settings("source_config")
+@given(mutation=mutated(MOE_CONFIG))
+def test_fuzz_source_config(mutation):
+    text, _ = mutation
+    ws = Workspace(MOE)
+    try:
+        (ws.root / "config.json").write_text(text)
+        check_source(ws, "source_config")
+    finally:
+        ws.close()
+
+
+PACKAGE_FILES = (
+    "quant_model_description.json",
+    "quant_model_weights.safetensors.index.json",
+    "ascendconv_provenance.json",
+    "config.json",
+)
+
+
+@pytest.fixture(scope="module")
+def moe_package(converted) -> Path:
+    return converted("qwen3-moe-fp8", "w4a8-mxfp-moe", max_shard_size=200_000)
+
+
+@fuzz_settings("package_json")
+@given(data=st.data())
+def test_fuzz_package_json(moe_package, data):
+    file = data.draw(st.sampled_from(PACKAGE_FILES))
+    text, _ = data.draw(mutated(json.loads((moe_package / file).read_text())))
+    ws = Workspace(moe_package)
+    try:
+        (ws.root / file).write_text(text)
+        check_package(ws, "package_json")
+    finally:
+        ws.close()
+
+
+@fuzz_settings("package_header")
+@given(data=st.data())
+def test_fuzz_package_header(moe_package, data):
+    shard = data.draw(st.sampled_from(sorted(p.name for p in moe_package.glob("*.safetensors"))))
+    header, payload = read_raw_header(moe_package / shard)
+    text, _ = data.draw(mutated(json.loads(header)))
+    ws = Workspace(moe_package)
+    try:
+        write_raw_header(ws.root / shard, text.encode(), payload)
+        check_package(ws, "package_header")
+    finally:
+        ws.close()
+
+
+def test_fuzz_budget_was_spent():
+    """Every target ran its examples (hypothesis stops early only when it runs out of inputs)."""
+    if len(RAN) < len(EXAMPLES):
+        pytest.skip("run with the fuzz tests above (this one reports their counts)")
+    print(f"\nfuzz examples run: {sum(RAN.values())} ({', '.join(f'{k} {v}' for k, v in sorted(RAN.items()))})")
+    print(f"exit codes: {', '.join(f'{k}: {v}' for k, v in sorted(OUTCOMES.items()))}")
+    for target, count in RAN.items():
+        assert count >= EXAMPLES[target] * 0.9, (target, count)
+
+
+# --- a few in real processes: exit codes, stderr, and peak memory -----------------------------------
+
+HOSTILE_FILES = [
+    ("config.json", '{"quantization_config": ' + RAW["@@DEEP@@"] + "}"),
+    ("config.json", '{"quantization_config": {"quant_method": "fp8", "weight_block_size": [' + RAW["@@HUGE_INT@@"] + ", 128]}}"),
+    ("model.safetensors.index.json", '{"weight_map": {"a": 1, "b": null, "c": ["x"]}}'),
+    ("model.safetensors.index.json", '{"weight_map": ' + RAW["@@DEEP@@"] + "}"),
+]
+
+
+@pytest.mark.parametrize("file,text", HOSTILE_FILES, ids=["config-deep", "config-huge-int", "index-types", "index-deep"])
+def test_hostile_json_in_a_real_process(tmp_path, file, text):
+    src = tmp_path / "src"
+    shutil.copytree(MOE, src)
+    (src / file).write_text(text)
+    before = tree_snapshot(tmp_path)
+    code = (
+        "import resource, sys\n"
+        "from ascendconv.cli import app\n"
+        "try:\n    app()\n"
+        "finally:\n"
+        "    print('peak_kib', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, "convert", str(src), str(tmp_path / "out"), "--json"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 3, done.stderr
+    assert "Traceback" not in done.stderr
+    assert json.loads(done.stdout.splitlines()[0])["error"] in ERROR_NAMES
+    peak = int(done.stderr.rsplit("peak_kib", 1)[1].split()[0])
+    assert peak < 1024 * 1024, f"peak RSS {peak} KiB"
+    assert tree_snapshot(tmp_path) == before
