@@ -30,7 +30,7 @@ from ascendconv.formats.constants import E2M1, E4M3, W4A8_MXFP
 from ascendconv.io.outdir import StagedOutput, check_output, signals_interrupt
 from ascendconv.io.files import file_size
 from ascendconv.io.output import check_free_space, check_output_path, output_errors, space_needed
-from ascendconv.io.safetensors import ShardWriter, TensorEntry
+from ascendconv.io.safetensors import NUMPY_DTYPES, ShardWriter, TensorEntry, nonfinite_count
 from ascendconv.io.source import Fp8Linear, SourceCheckpoint, find_quantization_config
 from ascendconv.plan import (
     DEFAULT_MAX_SHARD_SIZE,
@@ -387,8 +387,6 @@ def _copy_op(name: str):
 
 
 def _bias_op(name: str, dtype: str):
-    from ascendconv.io.safetensors import NUMPY_DTYPES
-
     return lambda data: [("write", name, np.frombuffer(data, NUMPY_DTYPES[dtype]).astype(np.float32))]
 
 
@@ -470,6 +468,29 @@ def source_fingerprint(header_bytes: bytes, size: int) -> str:
     return hashlib.sha256(header_bytes + size.to_bytes(8, "little")).hexdigest()
 
 
+def nonfinite_copies(source: SourceCheckpoint, plan: Plan) -> dict[str, int]:
+    """FLOAT tensors carried from the source that hold NaN or Inf -> how many, for the provenance.
+
+    Convert copies such values as they are (it does not judge values it does not transform, and a
+    real checkpoint may hold them, e.g. in rows of an embedding no token uses); recorded here, they
+    let `verify` tell them from damage done to the package afterwards.
+    """
+    counts = {}
+    for tensor in plan.tensors:
+        entry = source.tensors[tensor.source]
+        if tensor.kind not in ("copy", "bias_f32") or entry.nbytes == 0:
+            continue
+        count = 0
+        for start in range(0, entry.nbytes, COPY_CHUNK_BYTES):
+            data = source.reader.map_range(entry, start, min(COPY_CHUNK_BYTES, entry.nbytes - start))
+            if tensor.kind == "bias_f32":  # counted as written: a cast to F32 can overflow to Inf
+                data = np.frombuffer(data, NUMPY_DTYPES[entry.dtype]).astype(np.float32)
+            count += nonfinite_count(data, tensor.dtype)
+        if count:
+            counts[tensor.name] = count
+    return counts
+
+
 def write_package_files(source: SourceCheckpoint, plan: Plan, staging: Path, kernel: str, digests: dict) -> None:
     dump_json(staging / DESCRIPTION_NAME, plan.description())
     index = plan.index()
@@ -501,6 +522,7 @@ def write_package_files(source: SourceCheckpoint, plan: Plan, staging: Path, ker
             "resolve_dtype": plan.resolve_dtype,
             "kernel": kernel,
             "fallbacks": [d.to_dict() for d in plan.fallbacks],
+            "source_nonfinite": nonfinite_copies(source, plan),
             "shards": {name: {"sha256": digest} for name, digest in sorted(digests.items())},
         },
     )

@@ -43,7 +43,7 @@ from ascendconv.formats.metrics import ErrorAccumulator, ErrorStats
 from ascendconv.io.files import file_size, open_regular
 from ascendconv.io.package import Package
 from ascendconv.io.rules import moe_coverage_problems, moe_layers
-from ascendconv.io.safetensors import NUMPY_DTYPES, SafetensorsHeader, TensorEntry, TensorReader
+from ascendconv.io.safetensors import NUMPY_DTYPES, SafetensorsHeader, TensorEntry, TensorReader, nonfinite_count
 from ascendconv.plan import (
     DESCRIPTION_NAME,
     INDEX_NAME,
@@ -672,12 +672,15 @@ class _ScanFindings:
     def __init__(self) -> None:
         self.scales: list[str] = []
         self.payload: list[str] = []
+        self.carried: dict[str, int] = {}  # non-finite values the provenance says came from the source
+        self.nonfinite: dict[str, int] = {}  # what the scan found in those tensors
         self.digests: dict[str, str] = {}
         self.unreadable: dict[str, str] = {}
 
 
 def _scan(lay: _Layout, options: VerifyOptions, progress: Progress | None) -> _ScanFindings:
     findings = _ScanFindings()
+    findings.carried = recorded_nonfinite(lay.pkg.provenance)
     files = [f for f in lay.expected if f in lay.present]
     total = sum(file_size(lay.root / f) for f in files)
     done = 0
@@ -744,6 +747,9 @@ def _scan_chunk(lay: _Layout, entry: TensorEntry, data: bytearray, row_start: in
                 f"{_position(entry, flat, row_start)}"
             )
     elif entry.dtype in FLOAT_DTYPES:
+        if name in findings.carried:  # the source held NaN / Inf here: counted, compared at the end
+            findings.nonfinite[name] = findings.nonfinite.get(name, 0) + nonfinite_count(data, entry.dtype)
+            return
         values = np.frombuffer(data, NUMPY_DTYPES[entry.dtype])
         finite = np.isfinite(values.astype(np.float32) if entry.dtype == "BF16" else values)
         if not finite.all():
@@ -751,6 +757,32 @@ def _scan_chunk(lay: _Layout, entry: TensorEntry, data: bytearray, row_start: in
             findings.payload.append(
                 f"{name!r} ({entry.path.name}) holds {values[flat]} at {_position(entry, flat, row_start)}"
             )
+
+
+def recorded_nonfinite(provenance: dict | None) -> dict[str, int]:
+    """FLOAT tensor -> NaN / Inf values convert carried from the source (provenance 'source_nonfinite')."""
+    recorded = (provenance or {}).get("source_nonfinite")
+    if not isinstance(recorded, dict):
+        return {}
+    return {k: v for k, v in recorded.items() if isinstance(v, int) and not isinstance(v, bool) and v > 0}
+
+
+def check_payload(findings: _ScanFindings) -> Check:
+    problems = list(findings.payload)
+    for name, want in sorted(findings.carried.items()):
+        got = findings.nonfinite.get(name)
+        if got is not None and got != want:
+            problems.append(
+                f"{shown(name)} holds {got} NaN/Inf value(s); the source held {want} (recorded at conversion)"
+            )
+    detail = "no NaN codes in FP8 payloads, no NaN/Inf in floats"
+    carried = sum(findings.nonfinite.values())
+    if carried and not problems:
+        detail += (
+            f" but the {carried} NaN/Inf value(s) in {len(findings.nonfinite)} FLOAT tensor(s) the source held "
+            "(recorded at conversion)"
+        )
+    return _make_check("payload", problems, detail)
 
 
 def check_provenance(lay: _Layout) -> Check:
@@ -775,6 +807,9 @@ def check_provenance(lay: _Layout) -> Check:
             problems.append(f"{PROVENANCE_NAME} records no checksum for {file}")
         for file in sorted(set(shards) - set(lay.expected)):
             problems.append(f"{PROVENANCE_NAME} records {file}, which is not a shard of the package")
+    carried = prov.get("source_nonfinite", {})
+    if not isinstance(carried, dict) or len(recorded_nonfinite(prov)) != len(carried):
+        problems.append(f"{PROVENANCE_NAME}: source_nonfinite is {shown(carried)}, expected tensor names -> counts")
     if not isinstance(prov.get("fallbacks", []), list):
         problems.append(f"{PROVENANCE_NAME}: fallbacks is {shown(prov['fallbacks'])}, expected a list")
     source = prov.get("source")
@@ -1435,7 +1470,7 @@ def verify(
         ]
         findings = _scan(lay, options, progress)
         checks.append(_make_check("scales", findings.scales, "no E8M0 scale byte is 255"))
-        checks.append(_make_check("payload", findings.payload, "no NaN codes in FP8 payloads, no NaN/Inf in floats"))
+        checks.append(check_payload(findings))
         if options.tp > 1:
             checks.append(check_tp(lay, options.tp))
         checks.append(check_provenance(lay))

@@ -525,3 +525,61 @@ def test_huge_expert_number_in_a_description_is_checked_at_once(package_copy):
     assert_clean(result, "verify")
     coverage = next(c for c in json.loads(result.stdout)["checks"] if c["name"] == "coverage")
     assert any("999999995 of 1000000000 experts missing" in p for p in coverage["problems"]), coverage
+
+
+def _nan_in_norm(tensors, count=3):
+    name = "model.norm.weight"
+    dtype, shape, data = tensors[name]
+    values = np.frombuffer(data, np.uint16).copy()
+    values[:count] = 0x7FC0  # BF16 NaN
+    values[count] = 0xFF80  # BF16 -Inf
+    tensors[name] = (dtype, shape, values.tobytes())
+    return name
+
+
+def test_nan_in_a_copied_float_tensor_is_carried_and_recognised(fixture_copy, tmp_path):
+    """Decision: convert copies FLOAT tensors as they are, NaN included (a real checkpoint may hold
+    them), records them in the provenance, and verify accepts exactly those (and no others)."""
+    src = fixture_copy(DENSE)
+    tensors = load_shard(src / "model.safetensors")
+    name = _nan_in_norm(tensors)
+    save_tensors(src / "model.safetensors", tensors)
+    out = tmp_path / "out"
+    assert convert_json(src, out).exit_code == 0
+    provenance = json.loads((out / PROVENANCE).read_text())
+    assert provenance["source_nonfinite"] == {name: 4}
+    for extra in ((), ("--source", src, "--exact")):
+        result = invoke("verify", out, "--json", *extra)
+        assert result.exit_code == 0, result.stdout
+        payload = next(c for c in json.loads(result.stdout)["checks"] if c["name"] == "payload")
+        assert "4 NaN/Inf value(s) in 1 FLOAT tensor(s) the source held" in payload["detail"]
+
+    # one more NaN in the package, checksum resealed: no longer what the source held
+    from ascendconv.io.safetensors import read_header
+
+    shard = next(out.glob("quant_model_weights*.safetensors"))
+    entry = read_header(shard).tensors[name]
+    raw = bytearray(shard.read_bytes())
+    raw[entry.offset + 8 : entry.offset + 10] = b"\xc0\x7f"
+    shard.write_bytes(bytes(raw))
+    import hashlib
+
+    provenance["shards"][shard.name] = {"sha256": hashlib.sha256(bytes(raw)).hexdigest()}
+    provenance["checksum"] = "sha256"
+    (out / PROVENANCE).write_text(json.dumps(provenance))
+    result = invoke("verify", out, "--json")
+    report = json.loads(result.stdout)
+    assert result.exit_code == 1 and "payload" in report["failed"]
+    payload = next(c for c in report["checks"] if c["name"] == "payload")
+    assert any("holds 5 NaN/Inf value(s); the source held 4" in p for p in payload["problems"])
+
+
+def test_nonfinite_count_reads_bits():
+    import ml_dtypes
+
+    from ascendconv.io.safetensors import nonfinite_count
+
+    for dtype, np_dtype in (("BF16", ml_dtypes.bfloat16), ("F16", np.float16), ("F32", np.float32), ("F64", np.float64)):
+        values = np.array([0.0, -1.5, np.nan, np.inf, -np.inf, 3.0, -np.nan], dtype=np_dtype)
+        assert nonfinite_count(values.tobytes(), dtype) == 4, dtype
+    assert nonfinite_count(bytes([0xFF] * 8), "U8") == 0

@@ -53,6 +53,25 @@ _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14+
 HEADER_ALIGNMENT = 8  # the reference writer pads the JSON header with spaces to 8 bytes
 
 
+# The exponent field of each float dtype: all ones means Inf or NaN.
+_EXPONENT_MASKS = {
+    "F16": (np.uint16, 0x7C00),
+    "BF16": (np.uint16, 0x7F80),
+    "F32": (np.uint32, 0x7F800000),
+    "F64": (np.uint64, 0x7FF0000000000000),
+}
+
+
+def nonfinite_count(data, dtype: str) -> int:
+    """How many of the values of a float dtype in raw bytes `data` are NaN or Inf (0 for other
+    dtypes), from their bits: no float conversion."""
+    if dtype not in _EXPONENT_MASKS:
+        return 0
+    view, mask = _EXPONENT_MASKS[dtype]
+    bits = np.frombuffer(data, view)
+    return int(np.count_nonzero((bits & view(mask)) == view(mask)))
+
+
 def itemsize(dtype: str) -> int:
     return NUMPY_DTYPES[dtype].itemsize
 
