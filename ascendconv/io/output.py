@@ -51,7 +51,7 @@ def existing_ancestor(path: Path) -> Path:
 
 def check_output_path(out: Path) -> None:
     """Refuse an OUT that cannot be created and filled, naming why (see also outdir.check_output)."""
-    if out.name in ("", ".", "..") or os.path.basename(os.path.normpath(out)) in ("", ".", ".."):
+    if out.name == ".." or out == Path("."):  # pathlib drops inner '.'; '/' is check_output's
         raise OutputPathError(f"{shown(str(out))}: names no new directory (OUT must end in a directory name)")
     parent = existing_ancestor(out.parent)
     _check_name_lengths(out, parent)
