@@ -97,7 +97,7 @@ def convert(
     override: Optional[List[str]] = typer.Option(None, help="GLOB=TYPE on module names; repeatable, later wins."),
     max_shard_size: str = typer.Option("4GiB", help="Shard size limit, e.g. 500MB, 2GiB; 0 for one file."),
     kernel: str = typer.Option("numba", help="numba (fast) or reference (numpy)."),
-    workers: int = typer.Option(0, help="Conversion threads; 0 uses every core."),
+    workers: int = typer.Option(0, help="Conversion threads; 0 uses every core (more than the cores are capped to them)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Show the plan and write nothing."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty OUT."),
@@ -504,7 +504,7 @@ def verify_command(
     exact_rows: int = typer.Option(8, help="Rows per weight that --exact re-derives."),
     moe_check: bool = typer.Option(False, "--moe-check", help="Run the GroupedMatmulSituQuant chain on sampled MoE layers (needs --source)."),
     moe_layers: int = typer.Option(2, help="MoE layers --moe-check / --on-npu sample; 0 for all."),
-    moe_tokens: int = typer.Option(64, help="Tokens routed through each sampled MoE layer."),
+    moe_tokens: int = typer.Option(64, help="Tokens routed through each sampled MoE layer (1 to 8192)."),
     beta: float = typer.Option(4.0, help="SiTU beta."),
     linear_beta: float = typer.Option(25.0, help="SiTU linear_beta."),
     max_moe_rel_err: Optional[float] = typer.Option(
