@@ -35,12 +35,13 @@ from robust_helpers import (
     write_raw_header,
 )
 
-EXAMPLES = {  # per target; the whole module runs in well under a minute on 2 cores
-    "source_header": 60,
-    "source_index": 40,
-    "source_config": 60,
-    "package_json": 120,
-    "package_header": 40,
+EXAMPLES = {  # per target; the whole module runs in about 30 s on 2 cores
+    "source_header": 80,
+    "source_header_bytes": 60,
+    "source_index": 50,
+    "source_config": 80,
+    "package_json": 160,
+    "package_header": 60,
 }
 SECONDS_PER_COMMAND = 20  # a generous bound; the commands take a fraction of a second here
 RAN: dict[str, int] = {}  # examples run per target, reported at the end
@@ -222,6 +223,31 @@ def test_fuzz_source_header(mutation):
         shard = ws.root / "model.safetensors"
         write_raw_header(shard, text.encode(), read_raw_header(shard)[1])
         check_source(ws, "source_header")
+    finally:
+        ws.close()
+
+
+DENSE_PREFIX = len(read_raw_header(DENSE / "model.safetensors")[0]) + 8
+
+
+@fuzz_settings("source_header_bytes")
+@given(
+    edits=st.lists(
+        st.tuples(st.integers(0, DENSE_PREFIX - 1), st.sampled_from([0, 1, 0x20, 0x22, 0x5B, 0x7B, 0x7F, 0x80, 0xFF])),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_fuzz_source_header_bytes(edits):
+    """Bytes of the length prefix and of the header text itself, overwritten."""
+    ws = Workspace(DENSE)
+    try:
+        shard = ws.root / "model.safetensors"
+        raw = bytearray(shard.read_bytes())
+        for position, value in edits:
+            raw[position] = value
+        shard.write_bytes(bytes(raw))
+        check_source(ws, "source_header_bytes")
     finally:
         ws.close()
 
