@@ -307,21 +307,36 @@ def test_workers_beyond_cores_are_clamped():
     assert worker_count(1000) == cores and worker_count(0) == cores and worker_count(1) == 1
 
 
-def test_zero_size_weight_converts_and_verifies_exactly(fixture_copy, tmp_path):
+@pytest.mark.parametrize("zero_axis", [0, 1], ids=["N=0", "K=0"])
+@pytest.mark.parametrize("scheme", ["w8a8-mxfp8", "w4a8-mxfp"])
+def test_zero_size_weight_converts_and_verifies_exactly(fixture_copy, tmp_path, zero_axis, scheme):
     src = fixture_copy(DENSE)
     shard = src / "model.safetensors"
     tensors = load_shard(shard)
-    _, shape, _ = tensors[Q + ".weight"]
-    tensors[Q + ".weight"] = ("F8_E4M3", (0, shape[1]), b"")
-    dtype, sshape, _ = tensors[Q + ".weight_scale_inv"]
-    tensors[Q + ".weight_scale_inv"] = (dtype, (0, sshape[1]), b"")
+    for name in (Q + ".weight", Q + ".weight_scale_inv"):
+        dtype, shape, _ = tensors[name]
+        tensors[name] = (dtype, tuple(0 if i == zero_axis else d for i, d in enumerate(shape)), b"")
     save_tensors(shard, tensors)
     out = tmp_path / "out"
-    result = convert_json(src, out)
+    result = convert_json(src, out, "--scheme", scheme)
     assert result.exit_code == 0, result.output
-    result = invoke("verify", out, "--source", src, "--exact", "--json")
-    assert_clean(result, "verify")
-    assert result.exit_code == 0, result.output
+    for exact in ("--exact", "--exact-full"):
+        result = invoke("verify", out, "--source", src, exact, "--json")
+        assert_clean(result, "verify")
+        assert result.exit_code == 0, result.output
+
+
+def test_mx_reference_takes_empty_rows_and_columns():
+    from ascendconv.formats import mx
+    from ascendconv.formats.constants import E2M1, E4M3
+
+    for shape in ((0, 32), (4, 0), (0, 0)):
+        values = np.zeros(shape, np.float32)
+        for fmt in (E4M3, E2M1):
+            for rule in ("floor", "rceil", "mse"):
+                codes, scales = mx.quantize_mx(values, fmt, rule)
+                assert codes.shape == shape and scales.shape == (shape[0], shape[1] // 32)
+                assert mx.dequantize_mx(codes, scales, fmt).shape == shape
 
 
 # --- sources convert would accept and verify reject ------------------------------------------------

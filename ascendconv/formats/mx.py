@@ -19,6 +19,8 @@ Elements: ``y = v * 2**(127 - E)`` (exact), clamp to ``+-max_value``, round to n
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .constants import E2M1, E4M3, E8M0_BIAS, E8M0_MAX_FINITE, GROUP_SIZE, SCALE_RULES, ElementFormat
@@ -41,7 +43,8 @@ def _grouped(values) -> np.ndarray:
     if not np.isfinite(values).all():
         bad = int(values.size - np.count_nonzero(np.isfinite(values)))
         raise ValueError(f"non-finite input to MX quantization: {bad} NaN/Inf value(s)")
-    return values.reshape(-1, values.shape[-1] // GROUP_SIZE, GROUP_SIZE)
+    rows = math.prod(values.shape[:-1])  # not -1: numpy cannot infer it when K is 0
+    return values.reshape(rows, values.shape[-1] // GROUP_SIZE, GROUP_SIZE)
 
 
 def _check_rule(rule: str) -> None:
