@@ -359,3 +359,37 @@ def test_hostile_json_in_a_real_process(tmp_path, file, text):
     peak = int(done.stderr.rsplit("peak_kib", 1)[1].split()[0])
     assert peak < 1024 * 1024, f"peak RSS {peak} KiB"
     assert tree_snapshot(tmp_path) == before
+
+
+# --- shapes: ours and the safetensors library's bounds agree -----------------------------------------
+
+DIMS = [0, 1, 3, 2**31, 2**32, 2**61, 2**62, 2**63, 2**64 - 1, 2**64, True, False, -1, 1.0]
+
+
+@settings(max_examples=150, derandomize=True, deadline=None, database=None)
+@given(
+    dtype=st.sampled_from(["U8", "BF16", "F32", "F64", "F8_E4M3"]),
+    shape=st.lists(st.sampled_from(DIMS), max_size=4).filter(lambda s: 0 in s and False not in s or not s),
+)
+def test_header_bounds_agree_with_the_safetensors_library(dtype, shape):
+    """A zero-element tensor of any shape: read_header accepts it exactly when safetensors does."""
+    from safetensors import safe_open
+
+    from ascendconv.errors import HeaderError
+    from ascendconv.io.safetensors import read_header
+
+    nbytes = 0 if shape else {"U8": 1, "BF16": 2, "F32": 4, "F64": 8, "F8_E4M3": 1}[dtype]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "t.safetensors"
+        header = json.dumps({"t": {"dtype": dtype, "shape": shape, "data_offsets": [0, nbytes]}}).encode()
+        write_raw_header(path, header, bytes(nbytes))
+        try:
+            with safe_open(str(path), "np") as f:
+                theirs = list(f.keys()) == ["t"]
+        except Exception:
+            theirs = False
+        try:
+            ours = list(read_header(path).tensors) == ["t"]
+        except HeaderError:
+            ours = False
+    assert ours == theirs, (dtype, shape, ours, theirs)

@@ -203,6 +203,7 @@ HOSTILE_INDEX = {
     "weight_map value a list": lambda i: i["weight_map"].update({next(iter(i["weight_map"])): ["a"]}),
     "weight_map a list": lambda i: i.update(weight_map=[1, 2]),
     "index a list": lambda i: [i],
+    "weight_map value a path outside": lambda i: i["weight_map"].update({next(iter(i["weight_map"])): "../x/model.safetensors"}),
     "huge integer": lambda i: i.update(metadata={"total_size": 10**4000}),
 }
 

@@ -143,9 +143,9 @@ def discover_shards(root: Path, index_name: str = INDEX_NAME) -> tuple[list[Path
         if not isinstance(weight_map, dict):
             raise IndexMismatchError(f"{index_path}: cannot read the index (no weight_map object)")
         for name, file in weight_map.items():
-            if not isinstance(file, str) or not file:
+            if not isinstance(file, str) or file in ("", ".", "..") or os.path.basename(file) != file:
                 raise IndexMismatchError(
-                    f"{index_path}: tensor {shown(name)} is mapped to {shown(file)}, not to a file name"
+                    f"{index_path}: tensor {shown(name)} is mapped to {shown(file)}, not to a file name in {root}"
                 )
         names = sorted(set(weight_map.values()))
         for name in names:
