@@ -159,6 +159,9 @@ class VerifyOptions:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise BadOptionError(f"--{name.replace('_', '-')} must be a finite number > 0, got {value}")
+        for name in ("min_sqnr_mxfp8", "min_sqnr_mxfp4"):
+            if not math.isfinite(getattr(self, name)):
+                raise BadOptionError(f"--{name.replace('_', '-')} must be a finite number of dB, got {getattr(self, name)}")
         if self.max_moe_rel_err is not None and not self.max_moe_rel_err > 0:
             raise BadOptionError("--max-moe-rel-err must be > 0")
 

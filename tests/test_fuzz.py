@@ -35,13 +35,15 @@ from robust_helpers import (
     write_raw_header,
 )
 
-EXAMPLES = {  # per target; the whole module runs in about 30 s on 2 cores
-    "source_header": 80,
+EXAMPLES = {  # per target: 520 in all, plus 150 of the shape property; 20-45 s on 2 cores
+    "source_header": 70,
     "source_header_bytes": 60,
     "source_index": 50,
-    "source_config": 80,
-    "package_json": 160,
-    "package_header": 60,
+    "source_config": 70,
+    "package_json": 140,
+    "package_header": 50,
+    "verify_options": 40,
+    "convert_options": 40,
 }
 SECONDS_PER_COMMAND = 20  # a generous bound; the commands take a fraction of a second here
 RAN: dict[str, int] = {}  # examples run per target, reported at the end
@@ -314,6 +316,45 @@ def test_fuzz_package_header(moe_package, data):
         check_package(ws, "package_header")
     finally:
         ws.close()
+
+
+NUMBERS = ["-1", "0", "1", "2", "7", "64", "1e9", "nan", "inf", "-inf", "99999999999999999999", "abc", "", "0.5"]
+VERIFY_OPTIONS = ["--tp", "--seed", "--moe-tokens", "--moe-layers", "--exact-rows", "--top", "--beta",
+                  "--linear-beta", "--npu-tol", "--min-sqnr-mxfp8", "--min-sqnr-mxfp4", "--max-moe-rel-err"]
+CONVERT_OPTIONS = {
+    "--workers": NUMBERS,
+    "--max-shard-size": NUMBERS + ["1KB", "0.5B", "4GiB", "1e3MB", "-5MB", "10 TiB"],
+    "--scheme": ["w8a8-mxfp8", "w4a8-mxfp-moe", "W8A8", ""],
+    "--scale-rule": ["floor", "mse", "x"],
+    "--resolve-dtype": ["bf16", "fp32", "fp16"],
+    "--override": ["*=FLOAT", "=W4A8_MXFP", "model.layers.0.*=W4A8_MXFP", "*.experts.*=W8A8_MXFP8", "x", "*=*"],
+    "--kernel": ["numba", "reference", "cuda"],
+}
+
+
+@fuzz_settings("verify_options")
+@given(options=st.lists(st.tuples(st.sampled_from(VERIFY_OPTIONS), st.sampled_from(NUMBERS)), max_size=4),
+       flags=st.lists(st.sampled_from(["--exact", "--moe-check", "--no-checksums", "--quiet"]), max_size=2, unique=True))
+def test_fuzz_verify_options(moe_package, options, flags):
+    """Any option value is a usage error (exit 2) or a run: never a traceback."""
+    args = [a for pair in options for a in pair] + flags + ["--source", str(MOE)]
+    run("verify", moe_package, *args)
+    RAN["verify_options"] = RAN.get("verify_options", 0) + 1
+
+
+@fuzz_settings("convert_options")
+@given(options=st.lists(st.sampled_from(sorted(CONVERT_OPTIONS)).flatmap(
+    lambda o: st.tuples(st.just(o), st.sampled_from(CONVERT_OPTIONS[o]))), max_size=4))
+def test_fuzz_convert_options(options):
+    ws = Workspace(MOE)
+    try:
+        before = ws.snapshot()
+        result = run("convert", ws.root, ws.dir / "out", "--dry-run", "--json", *[a for pair in options for a in pair])
+        assert result.exit_code in (0, 2, 3), result.output
+        assert ws.snapshot() == before and not (ws.dir / "out").exists()
+    finally:
+        ws.close()
+    RAN["convert_options"] = RAN.get("convert_options", 0) + 1
 
 
 def test_fuzz_budget_was_spent():

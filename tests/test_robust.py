@@ -291,6 +291,8 @@ def test_hostile_package_json(package_copy, case):
         ("verify", "PKG", "--seed", "-1"),
         ("verify", "PKG", "--moe-tokens", "1e9"),
         ("verify", "PKG", "--moe-tokens", "1000000000"),
+        ("verify", "PKG", "--min-sqnr-mxfp8", "nan"),
+        ("verify", "PKG", "--min-sqnr-mxfp4", "inf"),
     ],
 )
 def test_absurd_options_are_usage_errors(fixture_copy, package_copy, tmp_path, args):
