@@ -100,6 +100,12 @@ def check_source_tensors(root: Path, tensors: dict[str, TensorEntry], linears: d
                 "a FLOAT tensor of the package must hold floats the loader can read by value",
             )
     for linear in linears.values():
+        if 0 in linear.weight.shape:
+            raise UnsupportedTensorError(
+                f"{linear.weight.path.name}: FP8 weight {shown(linear.weight.name)} has shape "
+                f"{list(linear.weight.shape)}: a linear without elements",
+                "no model has one; the checkpoint is damaged or hand-made",
+            )
         bias = linear.bias
         if bias is not None and bias.dtype not in FLOAT_DTYPES:
             raise UnsupportedTensorError(
