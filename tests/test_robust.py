@@ -601,3 +601,26 @@ def test_nonfinite_count_reads_bits():
         values = np.array([0.0, -1.5, np.nan, np.inf, -np.inf, 3.0, -np.nan], dtype=np_dtype)
         assert nonfinite_count(values.tobytes(), dtype) == 4, dtype
     assert nonfinite_count(bytes([0xFF] * 8), "U8") == 0
+
+
+@pytest.mark.parametrize("depth", [65, 900])
+def test_json_nested_past_the_bound_is_refused(fixture_copy, package_copy, tmp_path, depth):
+    """Deep enough to parse, too deep to trust every later walk of it (repr, dumps, rendering)."""
+    src = fixture_copy(DENSE)
+    (src / "config.json").write_text(json.dumps({**json.loads((src / "config.json").read_text()), "x": 0})[:-1] + ', "y": ' + _deep(depth) + "}")
+    result = convert_json(src, tmp_path / "out")
+    assert result.exit_code == 3 and json_error(result)["error"] == "ConfigError"
+    assert "nested more than 64 levels deep" in json_error(result)["message"]
+    pkg = package_copy()
+    (pkg / PROVENANCE).write_text('{"version": ' + _deep(depth) + "}")
+    for command in ("verify", "inspect"):
+        result = invoke(command, pkg, "--json")
+        assert_clean(result, command)
+        assert result.exit_code == 3 and json_error(result)["error"] == "PackageError"
+
+
+def test_json_nesting_of_real_files_is_far_below_the_bound():
+    from ascendconv.io.files import MAX_JSON_DEPTH, json_depth
+
+    for path in FIXTURES.rglob("*.json"):
+        assert json_depth(json.loads(path.read_text())) <= 6 < MAX_JSON_DEPTH, path

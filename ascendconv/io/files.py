@@ -16,6 +16,9 @@ from pathlib import Path
 from ascendconv.errors import AscendconvError, NotRegularFileError, clip
 
 MAX_JSON_BYTES = 64 * 2**20  # config, index, description, provenance: a few MB at the largest
+# Real configs nest a few levels; the bound keeps every later walk of the value (repr, json.dumps,
+# rendering) far from Python's recursion limit, whatever the interpreter version's parser allows.
+MAX_JSON_DEPTH = 64
 
 _KINDS = (
     (stat.S_ISDIR, "a directory"),
@@ -90,11 +93,15 @@ def read_json(path: Path, error: type[AscendconvError], max_bytes: int = MAX_JSO
         raise error(f"{path}: cannot read ({exc.strerror})") from exc
     if len(data) > max_bytes:  # grew since it was checked
         raise error(f"{path}: more than {max_bytes // 2**20} MiB")
-    return parse_json_bytes(data, str(path), error)
+    value = parse_json_bytes(data, str(path), error)
+    if json_depth(value) > MAX_JSON_DEPTH:
+        raise error(f"{path}: JSON nested more than {MAX_JSON_DEPTH} levels deep")
+    return value
 
 
 def parse_json_bytes(data: bytes, what: str, error: type[AscendconvError]) -> object:
-    """JSON text -> object, or `error` naming `what` (a path, or a path and which part of it)."""
+    """JSON text -> object, or `error` naming `what` (a path, or a path and which part of it).
+    (A shard header is not walked for depth: its validation reads only fixed-depth fields.)"""
     try:
         return json.loads(data.decode("utf-8"))
     except UnicodeDecodeError as exc:
@@ -103,6 +110,23 @@ def parse_json_bytes(data: bytes, what: str, error: type[AscendconvError]) -> ob
         raise error(f"{what} is not valid JSON: nested too deeply to read") from None
     except ValueError as exc:  # JSONDecodeError, and integers beyond Python's digit limit
         raise error(f"{what} is not valid JSON ({clip(str(exc))})") from None
+
+
+def json_depth(value: object) -> int:
+    """How deep lists and objects nest in a parsed JSON value (0 for a scalar), without recursion."""
+    if not isinstance(value, (dict, list)):
+        return 0
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if depth > MAX_JSON_DEPTH:  # deep enough to refuse: no need to walk the rest
+            return depth
+        for child in node.values() if isinstance(node, dict) else node:
+            if isinstance(child, (dict, list)):
+                stack.append((child, depth + 1))
+    return deepest
 
 
 def read_json_object(path: Path, error: type[AscendconvError]) -> dict:
