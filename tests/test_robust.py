@@ -419,7 +419,7 @@ def test_not_enough_space_is_refused_before_writing(fixture_copy, tmp_path, monk
     import ascendconv.io.output as output
 
     class Tiny:
-        f_bavail, f_frsize, f_flag = 10, 4096, 0
+        f_bavail, f_bfree, f_frsize, f_flag = 10, 10, 4096, 0
 
     monkeypatch.setattr(output.os, "statvfs", lambda path: Tiny())
     result = convert_json(fixture_copy(DENSE), tmp_path / "out")
@@ -476,6 +476,44 @@ def small_fs(tmp_path):
         yield mount
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.fixture
+def ext4_fs(tmp_path):
+    """An 8 MiB ext4 file system loop-mounted under tmp_path (O_DIRECT works there, unlike tmpfs);
+    skipped where that is not allowed."""
+    import subprocess
+
+    image, mount = tmp_path / "ext4.img", tmp_path / "ext4"
+    mount.mkdir()
+    with open(image, "wb") as f:
+        f.truncate(8 * 2**20)
+    made = subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot make an ext4 image here: {made.stderr.decode().strip() or made.returncode}")
+    done = subprocess.run(["mount", "-o", "loop", str(image), str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot loop-mount an ext4 image here: {done.stderr.decode().strip() or done.returncode}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_disk_filling_under_direct_io_writes(ext4_fs, tmp_path, monkeypatch):
+    """ENOSPC raised in the O_DIRECT sink's writer thread reaches the caller as NoSpaceError."""
+    import ascendconv.convert as convert
+    import ascendconv.io.safetensors as safetensors
+
+    monkeypatch.setattr(convert, "check_free_space", lambda out, needed: None)  # filled meanwhile
+    monkeypatch.setattr(safetensors, "DIRECT_IO_MIN_BYTES", 0)  # the small fixture's shard goes through _DirectSink
+    src = tmp_path / "src"
+    shutil.copytree(FIXTURES / DENSE, src)
+    st = os.statvfs(ext4_fs)
+    (ext4_fs / "filler").write_bytes(b"\0" * (st.f_bfree * st.f_frsize - 200_000))  # root: reserved blocks too
+    result = convert_json(src, ext4_fs / "out")
+    assert result.exit_code == 4 and json_error(result)["error"] == "NoSpaceError", result.output
+    assert sorted(p.name for p in ext4_fs.iterdir()) == ["filler", "lost+found"]
 
 
 def test_full_file_system_is_refused_with_sizes(small_fs, tmp_path):

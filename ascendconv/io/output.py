@@ -92,6 +92,12 @@ def space_needed(tensor_names: list[str], tensor_bytes: int, other_bytes: int) -
     return tensor_bytes + headers + other_bytes + SPACE_MARGIN_BYTES
 
 
+def _free_bytes(st: os.statvfs_result) -> int:
+    """Bytes this process may still write: root may also use the blocks reserved for it."""
+    blocks = st.f_bfree if hasattr(os, "geteuid") and os.geteuid() == 0 else st.f_bavail
+    return blocks * st.f_frsize
+
+
 def check_free_space(out: Path, needed: int) -> None:
     """NoSpaceError unless the file system OUT goes to has `needed` bytes free (for this user)."""
     parent = existing_ancestor(out.parent)
@@ -99,7 +105,7 @@ def check_free_space(out: Path, needed: int) -> None:
         st = os.statvfs(parent)
     except OSError:
         return  # unknown: the write itself will tell
-    free = st.f_bavail * st.f_frsize
+    free = _free_bytes(st)
     if free < needed:
         raise NoSpaceError(
             f"{out}: the package needs {_human(needed)} ({needed} bytes) but {parent} has {_human(free)} "
@@ -118,7 +124,7 @@ def output_error(exc: OSError, out: Path) -> OutputWriteError | OutputPathError:
         free = ""
         with contextlib.suppress(OSError):
             st = os.statvfs(existing_ancestor(out.parent))
-            free = f" ({_human(st.f_bavail * st.f_frsize)} free now)"
+            free = f" ({_human(_free_bytes(st))} free now)"
         return NoSpaceError(f"{where}: the file system is full{free}; the package was not written")
     if exc.errno == errno.EFBIG:
         return OutputWriteError(
