@@ -197,10 +197,6 @@ class NotRegularFileError(HeaderError):
     default_hint = "replace it with the regular file it stands for (a FIFO or device is never read)"
 
 
-class JSONFileError(InputError):
-    default_hint = "the file is damaged or hand-edited; restore or re-download it"
-
-
 # --- the output could not be written (exit 4) -------------------------------------------------
 
 

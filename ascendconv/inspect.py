@@ -20,8 +20,8 @@ from pathlib import Path
 
 from ascendconv.convert import ConvertOptions, plan_for
 from ascendconv.errors import PackageError, UnrecognizedCheckpointError, shown
-from ascendconv.io.files import file_size
 from ascendconv.formats.constants import FLOAT
+from ascendconv.io.files import file_size
 from ascendconv.io.hfcache import resolve_source
 from ascendconv.io.package import Package, is_package
 from ascendconv.io.safetensors import TensorEntry, read_header

@@ -301,7 +301,7 @@ class VerifyReport:
 def _make_check(name: str, problems: list[str], ok_detail: str, skipped: bool = False) -> Check:
     problems = [clip(p, MAX_PROBLEM_CHARS) for p in problems]  # names and labels come from the files
     if not problems:
-        return Check(name, True, ok_detail, [], "", skipped)
+        return Check(name, True, clip(ok_detail, MAX_PROBLEM_CHARS), [], "", skipped)
     detail = problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
     return Check(name, False, detail, problems, HINTS.get(name, ""))
 

@@ -17,7 +17,6 @@ from ascendconv.io.safetensors import SafetensorsHeader, TensorEntry, read_heade
 from ascendconv.plan import DESCRIPTION_NAME, INDEX_NAME, PROVENANCE_NAME
 
 
-
 def is_package(path: Path) -> bool:
     return (path / DESCRIPTION_NAME).is_file()
 
