@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import struct
@@ -86,26 +87,31 @@ def edit_header(path: Path, edit) -> None:
     write_raw_header(path, json.dumps(parsed).encode(), data)
 
 
+@contextlib.contextmanager
+def any_int_digits():
+    """Lift Python's int-string digit limit (3.11+, and late 3.10 releases) for writing hostile JSON."""
+    limit = getattr(sys, "get_int_max_str_digits", lambda: None)()
+    if limit is not None:
+        sys.set_int_max_str_digits(0)
+    try:
+        yield
+    finally:
+        if limit is not None:
+            sys.set_int_max_str_digits(limit)
+
+
 def edit_json(path: Path, edit) -> None:
     """Rewrite a JSON file with edit(data) (in place, or its return value); integers of any length."""
-    limit = sys.get_int_max_str_digits()
-    sys.set_int_max_str_digits(0)
-    try:
+    with any_int_digits():
         data = json.loads(path.read_text())
         result = edit(data)
         path.write_text(json.dumps(data if result is None else result))
-    finally:
-        sys.set_int_max_str_digits(limit)
 
 
 def dumps_any(data) -> bytes:
     """json.dumps of data that may hold integers beyond Python's digit limit."""
-    limit = sys.get_int_max_str_digits()
-    sys.set_int_max_str_digits(0)
-    try:
+    with any_int_digits():
         return json.dumps(data).encode()
-    finally:
-        sys.set_int_max_str_digits(limit)
 
 
 def save_tensors(path: Path, tensors: dict) -> None:

@@ -662,3 +662,11 @@ def test_json_nesting_of_real_files_is_far_below_the_bound():
 
     for path in FIXTURES.rglob("*.json"):
         assert json_depth(json.loads(path.read_text())) <= 6 < MAX_JSON_DEPTH, path
+
+
+def test_output_under_a_file_is_refused(fixture_copy, tmp_path):
+    (tmp_path / "afile").write_text("x")
+    result = convert_json(fixture_copy(DENSE), tmp_path / "afile" / "sub" / "out")
+    assert result.exit_code == 2 and json_error(result)["error"] == "OutputPathError"
+    assert "afile is not a directory" in json_error(result)["message"]
+    assert (tmp_path / "afile").read_text() == "x"
