@@ -96,10 +96,18 @@ def test_fifo_json_files_are_refused(package_copy):
     pkg = package_copy()
     (pkg / PROVENANCE).unlink()
     os.mkfifo(pkg / PROVENANCE)
+    os.mkfifo(pkg / "config.json.tmp")
+    (pkg / "config.json").unlink()
+    (pkg / "config.json").symlink_to(pkg / "config.json.tmp")
     result = run_cli("verify", pkg, "--json", timeout=60)
-    # a FIFO is not a file: the package has no provenance, and checksums cannot be checked
+    # a FIFO is not a file: the package has no provenance (so no checksums) and no config.json
     assert result.returncode == 1
-    assert "provenance" in json.loads(result.stdout)["failed"] or "checksums" in json.loads(result.stdout)["failed"]
+    report = json.loads(result.stdout)
+    assert report["failed"] == ["files", "checksums"], report["failed"]
+    files = next(c for c in report["checks"] if c["name"] == "files")
+    assert any("config.json is missing" in p for p in files["problems"])
+    result = run_cli("inspect", pkg, "--json", timeout=60)
+    assert result.returncode == 0 and json.loads(result.stdout)["package"]["provenance"] is None
 
 
 def test_header_larger_than_the_safetensors_limit(fixture_copy, tmp_path):
