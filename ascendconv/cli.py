@@ -12,7 +12,6 @@ from typing import Callable, List, Optional
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 from rich import box
 from rich.cells import cell_len
@@ -62,6 +61,12 @@ def run(action: Callable[[], object], as_json: bool) -> object:
         raise typer.Exit(exc.exit_code if isinstance(exc, Interrupted) else EXIT_INTERRUPTED)
 
 
+def notice(text: str) -> None:
+    """A library message for the user (e.g. the kernels' first compilation), on stderr even with
+    --quiet or --json: it explains a pause that happens once."""
+    err.print(f"[dim]{escape(text)}[/]", highlight=False, soft_wrap=True)
+
+
 def human_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
@@ -74,6 +79,8 @@ def byte_progress(enabled: bool, label: str):
     """A rich progress bar on stderr (bytes, rate, ETA), or nothing."""
     if not enabled:
         return None, None
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
     bar = Progress(
         "[progress.description]{task.description}",
         BarColumn(),
@@ -126,9 +133,9 @@ def convert(
         )
         bar, progress = byte_progress(not quiet and not dry_run and err.is_terminal, "converting")
         if bar is None:
-            return run_convert(resolve_source(src), out_dir, options, None, dry_run)
+            return run_convert(resolve_source(src), out_dir, options, None, dry_run, notice)
         with bar:
-            return run_convert(resolve_source(src), out_dir, options, progress, dry_run)
+            return run_convert(resolve_source(src), out_dir, options, progress, dry_run, notice)
 
     result = run(action, as_json)
     if as_json:
@@ -493,7 +500,7 @@ def _render_tensor_list(report, console: Console) -> None:
 def verify_command(
     package: Path = typer.Argument(..., metavar="OUT", help="The package directory to check."),
     tp: int = typer.Option(1, "--tp", metavar="T", help="Also check the tensor-parallel splits over T ranks."),
-    checksums: bool = typer.Option(True, "--checksums/--no-checksums", help="Check each shard's sha256 against the provenance file."),
+    checksums: bool = typer.Option(True, "--checksums/--no-checksums", help="Check each shard's checksum (BLAKE3; sha256 for older packages) against the provenance file."),
     source: Optional[str] = typer.Option(
         None, "--source", metavar="SRC", help="The block-FP8 checkpoint the package came from: enables the numerical checks."
     ),
@@ -502,6 +509,10 @@ def verify_command(
     exact: bool = typer.Option(False, "--exact", help="Re-derive sampled rows of every weight with the numpy reference (needs --source)."),
     exact_full: bool = typer.Option(False, "--exact-full", help="Like --exact, on every row."),
     exact_rows: int = typer.Option(8, help="Rows per weight that --exact re-derives."),
+    sample: float = typer.Option(
+        1.0, "--sample", metavar="FRACTION",
+        help="Share of each weight's tile rows --source re-derives (seeded; every weight gets at least one); 1 = all.",
+    ),
     moe_check: bool = typer.Option(False, "--moe-check", help="Run the GroupedMatmulSituQuant chain on sampled MoE layers (needs --source)."),
     moe_layers: int = typer.Option(2, help="MoE layers --moe-check / --on-npu sample; 0 for all."),
     moe_tokens: int = typer.Option(64, help="Tokens routed through each sampled MoE layer (1 to 8192)."),
@@ -531,6 +542,7 @@ def verify_command(
             source=resolve_source(source) if source is not None else None,
             exact="full" if exact_full else ("sample" if exact else "off"),
             exact_rows=exact_rows,
+            sample=sample,
             moe_check=moe_check,
             moe_layers=moe_layers,
             moe_tokens=moe_tokens,
@@ -547,9 +559,9 @@ def verify_command(
             options.min_sqnr_mxfp4 = min_sqnr_mxfp4
         bar, progress = verify_progress(not quiet and not as_json and err.is_terminal)
         if bar is None:
-            return verify(package, options, progress)
+            return verify(package, options, progress, notice)
         with bar:
-            return verify(package, options, progress)
+            return verify(package, options, progress, notice)
 
     report = run(action, as_json)
     if as_json:
@@ -564,7 +576,7 @@ def verify_progress(enabled: bool):
     """A rich progress bar on stderr that follows verify's phases, or nothing."""
     if not enabled:
         return None, None
-    from rich.progress import TaskProgressColumn
+    from rich.progress import BarColumn, Progress, TaskProgressColumn, TimeRemainingColumn
 
     labels = {"scan": "scanning shards", "source": "comparing with source", "moe": "MoE layers", "npu": "NPU"}
     bar = Progress("[progress.description]{task.description}", BarColumn(), TaskProgressColumn(), TimeRemainingColumn(),

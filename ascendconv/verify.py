@@ -9,23 +9,26 @@ The checks, in the order they run (names are stable: the JSON output and CI scri
 
 - structure (always): files, config, description, headers, index, coverage, dtypes, shapes, pairs,
   alignment, packed_groups, scales, payload; `tp` with `tp > 1`;
-- integrity: provenance, checksums (sha256 of every shard against ascendconv_provenance.json);
+- integrity: provenance, checksums (the BLAKE3, or for older packages sha256, of every shard against
+  ascendconv_provenance.json);
 - with a source: source (the package holds exactly what the source implies, copies are
   byte-identical), accuracy (per-tensor SQNR thresholds; FLOAT-resolved weights exact), exact (the
   package bytes re-derived with the numpy reference under the recorded rule), moe (the
   GroupedMatmulSituQuant chain run on sampled MoE layers with package and with source experts);
 - npu: the fused op on an Ascend 950 against the CPU reference (needs no source).
 
-Memory stays bounded: tensors are read in row chunks with positioned reads, never a whole shard,
-and the checksum of a shard is computed over the same chunks while they are scanned.
+Memory stays bounded: tensors are read in row chunks with positioned reads, never a whole shard;
+a shard is hashed mapped (BLAKE3, every core) and its tensors are scanned only when its checksum
+does not vouch for it (see `_scan`).
 """
 
 from __future__ import annotations
 
-import hashlib
+import collections
 import math
 import os
 import re
+import threading
 import time
 import zlib
 from dataclasses import asdict, dataclass, field
@@ -40,7 +43,8 @@ from ascendconv.npu import reference as gmm_situ
 from ascendconv.npu.reference import GmmSituInputs
 from ascendconv.formats.constants import E2M1, E4M3, E8M0_NAN, FLOAT, GROUP_SIZE, SCALE_RULES, W4A8_MXFP, W8A8_MXFP8
 from ascendconv.formats.metrics import ErrorAccumulator, ErrorStats
-from ascendconv.io.files import file_size, open_regular
+from ascendconv.io.checksum import ALGORITHMS, file_digest, recorded_checksum
+from ascendconv.io.files import file_size
 from ascendconv.io.package import Package
 from ascendconv.io.rules import moe_coverage_problems, moe_layers
 from ascendconv.io.safetensors import NUMPY_DTYPES, SafetensorsHeader, TensorEntry, TensorReader, nonfinite_count
@@ -59,12 +63,14 @@ from ascendconv.plan import (
     packed_group,
 )
 
+Notice = Callable[[str], None]  # a one-line message for the user (the kernels' first compilation)
 Progress = Callable[[str, int, int], None]  # (phase, done, total); phases: scan, source, moe, npu
 
 MX_TYPES = (W8A8_MXFP8, W4A8_MXFP)
 FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
 FP8_DTYPES = ("F8_E4M3", "F8_E5M2", "F8_E8M0")
 CHUNK_BYTES = 16 * 2**20  # bytes read at a time, per tensor
+STATS_ELEMENTS = 2**15  # elements per weight whose error --source measures (every row: --exact-full)
 SHARD_PATTERN = re.compile(r"^quant_model_weights-(\d{5})-of-(\d{5})\.safetensors$")
 
 # --- tensor parallelism: the one place that says how vLLM splits each linear -------------------
@@ -131,6 +137,7 @@ class VerifyOptions:
     min_sqnr_mxfp4: float = DEFAULT_MIN_SQNR_MXFP4
     exact: str = "off"  # off | sample | full
     exact_rows: int = 8  # rows per tensor when exact == "sample"
+    sample: float = 1.0  # share of each weight's tile rows --source re-derives (1: every row)
     moe_check: bool = False
     moe_layers: int = 2  # 0: every MoE layer
     moe_tokens: int = 64
@@ -148,6 +155,10 @@ class VerifyOptions:
             raise BadOptionError(f"exact={self.exact!r}: choose off, sample or full")
         if self.exact_rows < 1:
             raise BadOptionError("--exact-rows must be at least 1")
+        if not (isinstance(self.sample, (int, float)) and 0.0 < self.sample <= 1.0):
+            raise BadOptionError(f"--sample {self.sample}: choose a fraction in (0, 1]", "1 re-derives every row")
+        if self.sample < 1.0 and self.exact == "full":
+            raise BadOptionError("--sample and --exact-full contradict each other", "--exact-full checks every row")
         if self.source is None and (self.exact != "off" or self.moe_check):
             flag = "--moe-check" if self.moe_check else "--exact"
             raise BadOptionError(f"{flag} needs --source SRC", "pass the block-FP8 checkpoint the package came from")
@@ -678,10 +689,27 @@ class _ScanFindings:
         self.carried: dict[str, int] = {}  # non-finite values the provenance says came from the source
         self.nonfinite: dict[str, int] = {}  # what the scan found in those tensors
         self.digests: dict[str, str] = {}
+        self.vouched: set[str] = set()  # shards whose checksum matched: their bytes are convert's
         self.unreadable: dict[str, str] = {}
+
+    def detail(self, what: str) -> str:
+        if not self.vouched:
+            return what
+        return (
+            f"{what} ({len(self.vouched)} shard(s) not scanned: their checksums match, so they hold the bytes "
+            "convert wrote and checked)"
+        )
 
 
 def _scan(lay: _Layout, options: VerifyOptions, progress: Progress | None) -> _ScanFindings:
+    """Checksum each shard; scan the tensors of those whose checksum does not vouch for them.
+
+    A shard whose checksum matches the one recorded holds exactly the bytes convert wrote, and
+    convert never writes a NaN code or a scale byte 255 (it refuses such input; NaN / Inf carried in
+    FLOAT tensors are recorded in the provenance): scanning it would find nothing new, so it is
+    hashed only, at the speed of reading it, except for the tensors whose NaN / Inf the provenance
+    records, which are counted again. A shard without a recorded
+    checksum (`--no-checksums`, no provenance) or with a wrong one is scanned tensor by tensor."""
     findings = _ScanFindings()
     findings.carried = recorded_nonfinite(lay.pkg.provenance)
     files = [f for f in lay.expected if f in lay.present]
@@ -690,41 +718,28 @@ def _scan(lay: _Layout, options: VerifyOptions, progress: Progress | None) -> _S
     with TensorReader() as reader:
         for file in files:
             path = lay.root / file
-            sha = hashlib.sha256() if options.checksums else None
+            recorded = recorded_checksum(lay.pkg.provenance or {}, file) if options.checksums else None
             header = lay.headers.get(file)
             try:
-                if header is None:  # unreadable header: checksum only, streamed raw
-                    if sha is not None:
-                        fd, size = open_regular(path)  # never a FIFO or /dev/zero: no end to those
-                        with os.fdopen(fd, "rb") as f:
-                            for block in iter(lambda: f.read(min(CHUNK_BYTES, size - f.tell())), b""):
-                                sha.update(block)
-                                done += len(block)
-                                if progress:
-                                    progress("scan", done, total)
-                else:
-                    if sha is not None:
-                        fd, _ = open_regular(path)
-                        with os.fdopen(fd, "rb") as f:
-                            sha.update(f.read(header.data_start))
-                    done += header.data_start
-                    for entry in sorted(header.tensors.values(), key=lambda e: e.offset):
-                        for r0, r1, start, count in _row_chunks(entry):
-                            data = reader.read_bytes(entry, start, count)
-                            if sha is not None:
-                                sha.update(data)
-                            _scan_chunk(lay, entry, data, r0, findings)
-                            done += count
-                            if progress:
-                                progress("scan", done, total)
+                if recorded is not None:
+                    findings.digests[file] = file_digest(path, recorded[0])
+                    if findings.digests[file] == recorded[1]:
+                        findings.vouched.add(file)
+                if header is not None:
+                    # a vouched shard still has its carried NaN / Inf counted (a few FLOAT tensors)
+                    scanned = [
+                        e for e in header.tensors.values() if file not in findings.vouched or e.name in findings.carried
+                    ]
+                    for entry in sorted(scanned, key=lambda e: e.offset):
+                        for r0, _, start, count in _row_chunks(entry):
+                            _scan_chunk(lay, entry, reader.read_bytes(entry, start, count), r0, findings)
             except OSError as exc:
                 findings.unreadable[file] = f"{file}: cannot read ({exc})"
-                continue
             except Exception as exc:  # TruncatedFileError from a file that shrank while being read
                 findings.unreadable[file] = f"{file}: {getattr(exc, 'message', exc)}"
-                continue
-            if sha is not None:
-                findings.digests[file] = sha.hexdigest()
+            done += file_size(path)
+            if progress:
+                progress("scan", done, total)
     return findings
 
 
@@ -779,13 +794,15 @@ def check_payload(findings: _ScanFindings) -> Check:
                 f"{shown(name)} holds {got} NaN/Inf value(s); the source held {want} (recorded at conversion)"
             )
     detail = "no NaN codes in FP8 payloads, no NaN/Inf in floats"
-    carried = sum(findings.nonfinite.values())
+    # scanned counts, or the recorded ones where a matching checksum vouched for the shard
+    counts = {name: findings.nonfinite.get(name, want) for name, want in findings.carried.items()}
+    carried = sum(counts.values())
     if carried and not problems:
         detail += (
-            f" but the {carried} NaN/Inf value(s) in {len(findings.nonfinite)} FLOAT tensor(s) the source held "
+            f" but the {carried} NaN/Inf value(s) in {len(counts)} FLOAT tensor(s) the source held "
             "(recorded at conversion)"
         )
-    return _make_check("payload", problems, detail)
+    return _make_check("payload", problems, findings.detail(detail))
 
 
 def check_provenance(lay: _Layout) -> Check:
@@ -803,11 +820,16 @@ def check_provenance(lay: _Layout) -> Check:
         if not isinstance(prov.get(key), str):
             problems.append(f"{PROVENANCE_NAME}: {key} is missing")
     shards = prov.get("shards")
-    if not isinstance(shards, dict):
+    algorithm = prov.get("checksum", "sha256")  # packages written before the field: sha256
+    if algorithm not in ALGORITHMS:
+        problems.append(f"{PROVENANCE_NAME}: checksum is {algorithm!r}, expected one of {', '.join(ALGORITHMS)}")
+    elif not isinstance(shards, dict):
         problems.append(f"{PROVENANCE_NAME}: no shards with checksums")
     else:
         for file in sorted(set(lay.expected) - set(shards)):
             problems.append(f"{PROVENANCE_NAME} records no checksum for {file}")
+        for file in sorted(f for f in set(lay.expected) & set(shards) if recorded_checksum(prov, f) is None):
+            problems.append(f"{PROVENANCE_NAME} records no {algorithm} digest for {file}")
         for file in sorted(set(shards) - set(lay.expected)):
             problems.append(f"{PROVENANCE_NAME} records {file}, which is not a shard of the package")
     carried = prov.get("source_nonfinite", {})
@@ -830,23 +852,29 @@ def check_checksums(lay: _Layout, findings: _ScanFindings) -> Check:
         return _make_check(
             "checksums", [f"no {PROVENANCE_NAME}: the shard checksums are unknown (pass --no-checksums for a "
                           "package written by another tool)"], "")
-    recorded = prov.get("shards") if isinstance(prov.get("shards"), dict) else {}
     problems = [why for _, why in sorted(findings.unreadable.items())]
     checked = 0
+    algorithms = set()
     for file in lay.expected:
-        if file not in findings.digests:
-            continue
-        want = recorded.get(file, {}).get("sha256") if isinstance(recorded.get(file), dict) else None
-        if not isinstance(want, str):
-            continue  # reported by provenance
+        recorded = recorded_checksum(prov, file)
+        if file not in findings.digests or recorded is None:
+            continue  # unreadable, or no checksum recorded (reported by provenance)
+        algorithm, want = recorded
         checked += 1
+        algorithms.add(algorithm)
         got = findings.digests[file]
         if got != want:
             problems.append(
-                f"{file}: sha256 {got[:16]}... differs from the {want[:16]}... recorded at conversion "
+                f"{file}: {algorithm} {got[:16]}... differs from the {want[:16]}... recorded at conversion "
                 f"(size now {file_size(lay.root / file)} bytes)"
             )
-    return _make_check("checksums", problems, f"{checked} shard(s) match the sha256 recorded at conversion")
+    named = "/".join(sorted(algorithms)) or "checksum"
+    return _make_check(
+        "checksums",
+        problems,
+        f"{checked} shard(s) match the {named} recorded at conversion: they hold the bytes written then, unless "
+        "shard and provenance were both rewritten (only --source can tell)",
+    )
 
 
 # --- numerical checks against the source ----------------------------------------------------------
@@ -861,6 +889,15 @@ def _sample_rows(n: int, count: int, seed: int, name: str) -> np.ndarray:
     return np.unique(np.concatenate([[0, n - 1], middle]).astype(np.int64))
 
 
+def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
+    """a == b everywhere, compared 8 bytes at a time where the layout allows (8x fewer elements)."""
+    if a.shape != b.shape:
+        return False
+    if a.nbytes % 8 == 0 and a.flags.c_contiguous and b.flags.c_contiguous:
+        a, b = a.reshape(-1).view(np.uint64), b.reshape(-1).view(np.uint64)
+    return bool(np.array_equal(a, b))
+
+
 class _Differences:
     """Bytes of one tensor that differ from the reference, counted over chunks; the first kept."""
 
@@ -872,9 +909,9 @@ class _Differences:
 
     def update(self, got: np.ndarray, want: np.ndarray, rows: np.ndarray) -> None:
         """`got` and `want`: uint8 arrays with one row per entry of `rows`."""
-        diff = got != want
-        if not diff.any():
+        if _same_bytes(got, want):
             return
+        diff = got != want
         where = np.argwhere(diff)
         self.count += len(where)
         self.rows.update(int(rows[r]) for r in np.unique(where[:, 0]))
@@ -896,19 +933,36 @@ class _Differences:
 class _SourceFindings:
     source: list[str] = field(default_factory=list)
     exact: list[str] = field(default_factory=list)
-    exact_rows: int = 0
+    exact_rows: int = 0  # rows re-derived with the numpy reference (--exact)
+    rows: int = 0  # rows re-derived with the compiled kernels
+    rows_of: int = 0  # rows of the weights compared
     tensors: list[TensorReport] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+
+    def add(self, compared: "_Compared") -> None:
+        self.source += compared.source
+        self.exact += compared.exact
+        self.exact_rows += compared.reference_rows
+        self.skipped += compared.skipped
+        if compared.report is not None:
+            self.tensors.append(compared.report)
+
+
+def _mapped_rows(reader: TensorReader, entry: TensorEntry, r0: int, r1: int) -> np.ndarray:
+    """Rows [r0, r1) of a 2-D tensor, read-only and mapped from the page cache (no copy)."""
+    row_bytes = entry.nbytes // entry.shape[0]
+    data = reader.map_range(entry, r0 * row_bytes, (r1 - r0) * row_bytes)
+    return data.view(NUMPY_DTYPES[entry.dtype]).reshape(r1 - r0, *entry.shape[1:])
 
 
 def _read_package_rows(
     reader: TensorReader, module: _Module, r0: int, r1: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """(stored payload, element codes unpacked [R, K] or float32 values, scale bytes or None)."""
-    payload = reader.read_rows(module.weight, r0, r1)
+    payload = _mapped_rows(reader, module.weight, r0, r1)
     if module.label == FLOAT:
         return payload, payload.astype(np.float32), None
-    scales = reader.read_rows(module.scale, r0, r1)
+    scales = _mapped_rows(reader, module.scale, r0, r1)
     codes = elements.unpack_fp4(payload) if module.label == W4A8_MXFP else payload
     return payload, codes, scales
 
@@ -947,7 +1001,7 @@ def _module_measurable(lay: _Layout, module: _Module, linear) -> str | None:
 
 
 def _compare_source(
-    lay: _Layout, source, options: VerifyOptions, progress: Progress | None
+    lay: _Layout, source, options: VerifyOptions, progress: Progress | None, notice: Notice | None = None
 ) -> _SourceFindings:
     from ascendconv.convert import source_fingerprint
 
@@ -992,28 +1046,45 @@ def _compare_source(
 
     work = [e for n, e in source.tensors.items() if n not in scale_names and n in lay.tensors]
     total = sum(e.nbytes for e in work)
+    derive = _Rederive(lay, source, options, rule, resolve_dtype, notice)
+
+    def compare(entry: TensorEntry) -> _Compared:
+        linear = by_weight.get(entry.name)
+        if linear is None:
+            return _Compared(source=[p for p in [_compare_plain(lay, reader, source, entry)] if p])
+        module = lay.modules.get(linear.prefix)
+        why = "not described" if module is None else _module_measurable(lay, module, linear)
+        if why is not None:
+            return _Compared(skipped=[f"{entry.name}: {why}"])
+        return derive.linear(reader, linear, module)
+
     done = 0
     with TensorReader() as reader:
-        for entry in work:
-            name = entry.name
-            linear = by_weight.get(name)
-            if linear is None:
-                problem = _compare_plain(lay, reader, source, entry)
-                if problem:
-                    found.source.append(problem)
-            else:
-                module = lay.modules.get(linear.prefix)
-                why = "not described" if module is None else _module_measurable(lay, module, linear)
-                if why is not None:
-                    found.skipped.append(f"{name}: {why}")
-                else:
-                    report = _compare_linear(lay, reader, source, linear, module, options, rule, resolve_dtype, found)
-                    if report is not None:
-                        found.tensors.append(report)
+        # tensors in parallel (kernels, numpy and reads release the GIL), results taken in order
+        for entry, compared in _ordered_map(compare, work, os.cpu_count() or 1):
+            found.add(compared)
             done += entry.nbytes
             if progress:
                 progress("source", done, total)
+    found.rows, found.rows_of = derive.rows, derive.rows_of
     return found
+
+
+def _ordered_map(function, items: list, workers: int) -> Iterator[tuple]:
+    """(item, function(item)) in the order of `items`, computed by `workers` threads with at most
+    2 x workers results in flight (memory stays bounded)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        pending: collections.deque = collections.deque()
+        for item in items:
+            pending.append((item, pool.submit(function, item)))
+            while len(pending) >= 2 * workers:
+                item_done, future = pending.popleft()
+                yield item_done, future.result()
+        while pending:
+            item_done, future = pending.popleft()
+            yield item_done, future.result()
 
 
 def _compare_plain(lay: _Layout, reader: TensorReader, source, entry: TensorEntry) -> str | None:
@@ -1038,79 +1109,188 @@ def _compare_plain(lay: _Layout, reader: TensorReader, source, entry: TensorEntr
     return f"{entry.name!r} is {pkg.dtype} in the package but {entry.dtype} in the source"
 
 
-def _compare_linear(
-    lay: _Layout,
-    reader: TensorReader,
-    source,
-    linear,
-    module: _Module,
-    options: VerifyOptions,
-    rule: str | None,
-    resolve_dtype: str,
-    found: _SourceFindings,
-) -> TensorReport | None:
-    n, k = linear.shape
-    name = linear.weight.name
-    try:
-        scale = source.read_scale(linear)
-    except Exception as exc:  # NonFiniteScaleError
-        found.source.append(getattr(exc, "message", str(exc)))
+@dataclass
+class _Compared:
+    """What comparing one source tensor with the package found."""
+
+    source: list[str] = field(default_factory=list)
+    exact: list[str] = field(default_factory=list)
+    reference_rows: int = 0  # rows the numpy reference re-derived (--exact)
+    report: TensorReport | None = None
+    skipped: list[str] = field(default_factory=list)
+
+
+def _sample_bands(n: int, bn: int, fraction: float, seed: int, name: str) -> list[tuple[int, int]]:
+    """Row ranges [r0, r1) to re-derive: every band of `bn` rows (a source tile row), or a seeded
+    `fraction` of them, at least one, in every weight (so every layer and every module kind)."""
+    bands = [(r0, min(n, r0 + bn)) for r0 in range(0, n, bn)]
+    if fraction >= 1.0 or not bands:
+        return bands
+    rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+    count = max(1, round(fraction * len(bands)))
+    return [bands[i] for i in sorted(rng.choice(len(bands), size=count, replace=False))]
+
+
+def _chunks(bands: list[tuple[int, int]], max_rows: int) -> Iterator[tuple[int, int]]:
+    """Consecutive bands merged into row ranges of at most max_rows rows (at least one band)."""
+    start = stop = None
+    for r0, r1 in bands:
+        if start is not None and r0 == stop and r1 - start <= max_rows:
+            stop = r1
+            continue
+        if start is not None:
+            yield start, stop
+        start, stop = r0, r1
+    if start is not None:
+        yield start, stop
+
+
+class _Rederive:
+    """Re-derive a package weight from its source with the compiled kernels convert uses (bit-
+    identical to the numpy reference) and compare bytes: every row, or `--sample` of the bands.
+    The error against the resolved source is measured on STATS_ELEMENTS sampled elements per
+    weight, among the rows re-derived (every row with --exact-full); --exact also re-derives
+    sampled rows with the reference.
+    """
+
+    def __init__(self, lay: _Layout, source, options: VerifyOptions, rule: str | None, resolve_dtype: str, notice):
+        self.lay, self.source, self.options = lay, source, options
+        self.rule, self.resolve_dtype = rule, resolve_dtype
+        self.fraction = 1.0 if options.exact == "full" else options.sample
+        self.rows = 0  # rows re-derived with the kernels
+        self.rows_of = 0  # rows of the weights compared
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        from ascendconv.formats import kernels
+
+        self.kernels = kernels
+        kinds = {m.label for m in lay.modules.values()}
+        needed = kernels.entry_points_for(bool(kinds & set(MX_TYPES)) and rule is not None, FLOAT in kinds, source.quant.block)
+        if kinds & set(MX_TYPES) and (options.exact == "full" or rule is None):
+            needed.append("error")  # the error of every row
+        kernels.compile_entry_points(needed, notice)
+
+    def linear(self, reader: TensorReader, linear, module: _Module) -> _Compared:
+        out = _Compared()
+        n, k = linear.shape
+        name = linear.weight.name
+        try:
+            scale = self.source.read_scale(linear)
+        except Exception as exc:  # NonFiniteScaleError
+            out.source.append(getattr(exc, "message", str(exc)))
+            return out
+        block = self.source.quant.block
+        w = _Weight(name, module, scale, block, E2M1 if module.label == W4A8_MXFP else None if module.label == FLOAT else E4M3)
+        derivable = module.label == FLOAT or self.rule is not None
+        bands = _sample_bands(n, block[0], self.fraction, self.options.seed, name) if derivable else []
+        full_stats = self.options.exact == "full" or not derivable  # nothing re-derived: measure every row
+        reference_rows = (
+            set(_sample_rows(n, self.options.exact_rows, self.options.seed, name).tolist())
+            if self.options.exact == "sample" and derivable else set()
+        )
+        rows_per_chunk = max(block[0], (CHUNK_BYTES // 4) // max(k, 1) // block[0] * block[0])
+        read = bands if derivable else _sample_bands(n, block[0], 1.0, 0, name)
+        # the error is measured on sampled rows of those read (the first, the last, random ones)
+        candidates = np.concatenate([np.arange(a, b) for a, b in read])
+        picks = _sample_rows(len(candidates), max(2, STATS_ELEMENTS // max(k, 1)), self.options.seed, name)
+        stats_set = set(candidates[picks].tolist())
+        acc = ErrorAccumulator()
+        for r0, r1 in _chunks(read, rows_per_chunk):
+            src_codes = _mapped_rows(self.source.reader, linear.weight, r0, r1)
+            stored, codes, scales = _read_package_rows(reader, module, r0, r1)
+            if derivable and any(a <= r0 < b for a, b in bands):
+                problem = self._rederive(w, r0, src_codes, stored, scales)
+                if problem:
+                    out.source.append(problem)
+                    return out
+            if full_stats and w.fmt is not None:  # every row: summed by a kernel
+                ref_sq, err_sq, max_abs, saturated = self.kernels.error_sums(
+                    src_codes, scale, block, r0, self.resolve_dtype, w.fmt, stored, scales
+                )
+                acc.add_sums(ref_sq, err_sq, max_abs, (r1 - r0) * k, saturated)
+            else:
+                picked = [r - r0 for r in range(r0, r1) if full_stats or r in stats_set]
+                self._measure(w, acc, np.array(picked, np.int64), r0, src_codes, codes, scales)
+            for r in sorted(r for r in reference_rows if r0 <= r < r1):
+                out.reference_rows += 1
+                self._reference_row(w, r, src_codes[r - r0 : r - r0 + 1], stored, scales, r0)
+        with self._lock:
+            self.rows_of += n
+        out.exact += [m for m in (w.payload_diff.message(), w.scale_diff.message()) if m]
+        if not out.exact and w.reference_diff.message():  # the kernels agree with the package, not the reference
+            out.exact.append(w.reference_diff.message())
+        stats: ErrorStats = acc.result()
+        threshold = self.options.min_sqnr(module.label)
+        ok = stats.rel_l2 == 0.0 if module.label == FLOAT else stats.sqnr_db >= threshold  # False for NaN
+        out.report = TensorReport(
+            name, module.label, stats.rel_l2, stats.sqnr_db, stats.max_abs, stats.saturated_fraction, threshold, ok
+        )
+        return out
+
+    def _rederive(self, w: "_Weight", r0: int, src_codes, stored, scales) -> str | None:
+        """Compare rows [r0, r0 + len) of the package with the kernels' output; a broken source
+        (NaN codes, values that overflow) is returned as a problem."""
+        rows = np.arange(r0, r0 + len(src_codes))
+        out = self._buffer(stored.nbytes).view(stored.dtype).reshape(stored.shape)
+        try:
+            if w.fmt is None:
+                want = self.kernels.resolve_rows_bf16(src_codes, w.scale, w.block, r0, out=out).view(np.uint8)
+                w.payload_diff.update(stored.view(np.uint8), want, rows)
+            else:
+                payload, scale_bytes = self.kernels.requantize_rows(
+                    src_codes, w.scale, w.block, r0, self.resolve_dtype, w.fmt, self.rule, out=out
+                )
+                w.payload_diff.update(stored, payload, rows)
+                w.scale_diff.update(scales, scale_bytes, rows)
+        except ValueError:
+            nan_at = self.kernels.first_nan_code(src_codes)
+            if nan_at:
+                return f"source {w.name!r} holds a NaN code at row {r0 + nan_at[0]}, column {nan_at[1]}"
+            return f"source {w.name!r} holds values that overflow in rows {r0}..{rows[-1]}"
+        with self._lock:
+            self.rows += len(rows)
         return None
-    block = source.quant.block
-    fmt = None if module.label == FLOAT else (E2M1 if module.label == W4A8_MXFP else E4M3)
-    ref_dtype = "bf16" if module.label == FLOAT else resolve_dtype
-    exact = options.exact if rule is not None or module.label == FLOAT else "off"
-    sample = set(_sample_rows(n, options.exact_rows, options.seed, name).tolist()) if exact == "sample" else None
-    acc = ErrorAccumulator()
-    payload_diff = _Differences(name, "BF16 bytes" if module.label == FLOAT else "payload")
-    scale_diff = _Differences(module.prefix + ".weight_scale", "scale")
-    rows_per_chunk = max(1, (CHUNK_BYTES // 4) // max(k, 1))
-    for r0 in range(0, n, rows_per_chunk):
-        r1 = min(n, r0 + rows_per_chunk)
-        src_codes = source.reader.read_rows(linear.weight, r0, r1)
-        nan_at = requantize.first_nan_code(src_codes)
-        if nan_at is not None:
-            found.source.append(f"source {name!r} holds a NaN code at row {r0 + nan_at[0]}, column {nan_at[1]}")
-            return None
-        reference = resolve.resolve_tiles(src_codes, scale, block, ref_dtype, row_offset=r0)
-        stored, codes, scales = _read_package_rows(reader, module, r0, r1)
-        approx = _dequantize(module, codes, scales)
-        acc.update(reference, approx, codes if fmt is not None else None, fmt)
-        if exact == "off":
-            continue
-        rows = np.arange(r0, r1) if exact == "full" else np.array(sorted(r for r in sample if r0 <= r < r1), np.int64)
-        if rows.size == 0:
-            continue
-        found.exact_rows += int(rows.size)
-        local = rows - r0
-        if module.label == FLOAT:
-            want = np.concatenate(
-                [requantize.resolve_rows_bf16(src_codes[i : i + 1], scale, block, int(r)) for i, r in zip(local, rows)]
-            ).view(np.uint8)
-            payload_diff.update(stored[local].view(np.uint8), want, rows)
-            continue
-        payload = stored[local]
-        if exact == "full":
-            want_payload, want_scales = requantize.requantize_rows(src_codes, scale, block, r0, resolve_dtype, fmt, rule)
-        else:
-            parts = [
-                requantize.requantize_rows(src_codes[i : i + 1], scale, block, int(r), resolve_dtype, fmt, rule)
-                for i, r in zip(local, rows)
-            ]
-            want_payload = np.concatenate([p[0] for p in parts])
-            want_scales = np.concatenate([p[1] for p in parts])
-        payload_diff.update(payload, want_payload, rows)
-        scale_diff.update(scales[local], want_scales, rows)
-    found.exact += [m for m in (payload_diff.message(), scale_diff.message()) if m]
-    stats: ErrorStats = acc.result()
-    threshold = options.min_sqnr(module.label)
-    if module.label == FLOAT:
-        ok = stats.rel_l2 == 0.0
-    else:
-        ok = stats.sqnr_db >= threshold  # False for NaN (a NaN scale byte)
-    return TensorReport(
-        name, module.label, stats.rel_l2, stats.sqnr_db, stats.max_abs, stats.saturated_fraction, threshold, ok
-    )
+
+    def _buffer(self, nbytes: int) -> np.ndarray:
+        """This thread's output buffer for the kernels, kept across chunks: re-deriving into fresh
+        memory would fault in as many new pages as the package is large."""
+        held = getattr(self._local, "buffer", None)
+        if held is None or held.nbytes < nbytes:
+            held = self._local.buffer = np.empty(max(nbytes, CHUNK_BYTES), dtype=np.uint8)
+        return held[:nbytes]
+
+    def _measure(self, w: "_Weight", acc: ErrorAccumulator, picked: np.ndarray, r0: int, src_codes, codes, scales) -> None:
+        """The error of the picked rows (indices into the block starting at r0), with numpy."""
+        if not picked.size:
+            return
+        # one "tile row" per picked row: (1, bk) tiles carrying each row's own tile scales
+        reference = resolve.resolve_tiles(
+            src_codes[picked], w.scale[(r0 + picked) // w.block[0]], (1, w.block[1]),
+            "bf16" if w.fmt is None else self.resolve_dtype,
+        )
+        approx = _dequantize(w.module, codes[picked], None if scales is None else scales[picked])
+        acc.update(reference, approx, codes[picked] if w.fmt is not None else None, w.fmt)
+
+    def _reference_row(self, w: "_Weight", r: int, src_row, stored, scales, r0: int) -> None:
+        """Row r re-derived with the numpy reference (--exact), compared with the package."""
+        i = r - r0
+        if w.fmt is None:
+            want = requantize.resolve_rows_bf16(src_row, w.scale, w.block, r).view(np.uint8)
+            w.reference_diff.update(stored[i : i + 1].view(np.uint8), want, np.array([r]))
+            return
+        payload, scale_bytes = requantize.requantize_rows(src_row, w.scale, w.block, r, self.resolve_dtype, w.fmt, self.rule)
+        got = np.concatenate([stored[i : i + 1], scales[i : i + 1]], axis=1)
+        w.reference_diff.update(got, np.concatenate([payload, scale_bytes], axis=1), np.array([r]))
+
+
+class _Weight:
+    """One weight being compared: what re-deriving it needs, and the differences found."""
+
+    def __init__(self, name: str, module: _Module, scale: np.ndarray, block: tuple[int, int], fmt):
+        self.name, self.module, self.scale, self.block, self.fmt = name, module, scale, block, fmt
+        self.payload_diff = _Differences(name, "BF16 bytes" if fmt is None else "payload")
+        self.scale_diff = _Differences(module.prefix + ".weight_scale", "scale")
+        self.reference_diff = _Differences(name, "bytes (numpy reference)")
 
 
 def check_source(found: _SourceFindings) -> Check:
@@ -1145,13 +1325,20 @@ def check_exact(found: _SourceFindings, lay: _Layout, options: VerifyOptions) ->
     prov = lay.pkg.provenance or {}
     if prov.get("scale_rule") not in SCALE_RULES:
         return _make_check("exact", [f"no scale rule recorded in {PROVENANCE_NAME}: the bytes cannot be re-derived"], "")
-    what = "every row" if options.exact == "full" else f"{options.exact_rows} sampled rows per tensor"
-    return _make_check(
-        "exact",
-        found.exact,
-        f"{found.exact_rows} rows ({what}) equal the numpy reference under rule {prov['scale_rule']}, "
-        f"resolve {prov.get('resolve_dtype')}",
+    if options.exact == "full" or options.sample >= 1.0:
+        what = f"every row ({found.rows} rows)"
+    else:
+        what = (
+            f"{found.rows} of {found.rows_of} rows (--sample {options.sample:g}, seed {options.seed}: that share of "
+            "the tile rows of every weight, at least one)"
+        )
+    detail = (
+        f"{what} re-derived from the source with the compiled kernels equal the package bytes "
+        f"(rule {prov['scale_rule']}, resolve {prov.get('resolve_dtype')})"
     )
+    if options.exact == "sample":
+        detail += f"; {found.exact_rows} sampled rows ({options.exact_rows} per weight) equal the numpy reference"
+    return _make_check("exact", found.exact, detail)
 
 
 # --- MoE: the GroupedMatmulSituQuant chain on sampled layers --------------------------------------
@@ -1442,6 +1629,7 @@ def verify(
     package: str | os.PathLike,
     options: VerifyOptions | None = None,
     progress: Progress | None = None,
+    notice: Notice | None = None,
 ) -> VerifyReport:
     """Check a package; see the module docstring for the checks.
 
@@ -1472,7 +1660,7 @@ def verify(
             check_packed_groups(lay),
         ]
         findings = _scan(lay, options, progress)
-        checks.append(_make_check("scales", findings.scales, "no E8M0 scale byte is 255"))
+        checks.append(_make_check("scales", findings.scales, findings.detail("no E8M0 scale byte is 255")))
         checks.append(check_payload(findings))
         if options.tp > 1:
             checks.append(check_tp(lay, options.tp))
@@ -1483,11 +1671,10 @@ def verify(
         tensors: list[TensorReport] = []
         moe: list[MoeReport] = []
         if source is not None:
-            found = _compare_source(lay, source, options, progress)
+            found = _compare_source(lay, source, options, progress, notice)
             checks.append(check_source(found))
             checks.append(check_accuracy(found, options))
-            if options.exact != "off":
-                checks.append(check_exact(found, lay, options))
+            checks.append(check_exact(found, lay, options))
             tensors = sorted(found.tensors, key=lambda t: (-math.inf if math.isnan(t.sqnr_db) else t.sqnr_db, t.name))
             if options.moe_check:
                 check, moe = _run_moe(lay, source, options, progress)

@@ -16,6 +16,16 @@ SCHEMES = ("w8a8-mxfp8", "w4a8-mxfp", "w4a8-mxfp-moe")
 RULES = ("floor", "rceil", "mse")
 
 
+def file_digest(path: Path, algorithm: str = "blake3") -> str:
+    """The digest provenance records for a file, computed independently of ascendconv."""
+    import hashlib
+
+    import blake3
+
+    data = path.read_bytes()
+    return blake3.blake3(data).hexdigest() if algorithm == "blake3" else hashlib.sha256(data).hexdigest()
+
+
 def load_shard(path: Path) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
     """name -> (dtype, shape, raw bytes), in file order."""
     header = read_header(path)

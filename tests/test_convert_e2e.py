@@ -16,7 +16,7 @@ from ascendconv.formats.constants import E2M1, E4M3
 from ascendconv.formats.metrics import error_stats
 from ascendconv.io.safetensors import TensorReader, read_header
 from ascendconv.io.source import SourceCheckpoint
-from conftest import FIXTURE_NAMES, FIXTURES, RULES, SCHEMES
+from conftest import FIXTURE_NAMES, FIXTURES, RULES, SCHEMES, file_digest
 
 # Relative L2 error bounds against the resolved source, per written type (the measured values on
 # these fixtures are printed by scripts/measure_errors.py; these bounds leave a margin).
@@ -123,7 +123,8 @@ def test_copied_files_are_byte_identical_and_nothing_else_is_safetensors(convert
     assert not (out / "model.safetensors.index.json").exists()
     provenance = json.loads((out / "ascendconv_provenance.json").read_text())
     for shard in shards:
-        assert provenance["shards"][shard]["sha256"] == hashlib.sha256((out / shard).read_bytes()).hexdigest()
+        assert provenance["checksum"] == "blake3"
+        assert provenance["shards"][shard] == {"blake3": file_digest(out / shard)}
     assert [f["name"] for f in provenance["source"]["files"]] == sorted(p.name for p in src.glob("*.safetensors"))
 
 

@@ -10,17 +10,22 @@ are checked.
 
 from __future__ import annotations
 
+import math
+import os
+import re
 import subprocess
 import sys
 
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from numba import njit
 
-from ascendconv.formats import kernels, requantize
+from ascendconv.formats import elements, kernels, mx, requantize, resolve
+from ascendconv.formats.metrics import ErrorAccumulator
+from conftest import FIXTURES, file_digest
 from ascendconv.formats.constants import E2M1, E4M3, SCALE_RULES
 
 FORMATS = [E4M3, E2M1]
@@ -277,6 +282,48 @@ def test_resolve_bf16_equals_reference(case):
     np.testing.assert_array_equal(got.view(np.uint16), expected.view(np.uint16))
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+@PROPERTY
+@given(inputs)
+@example(  # rceil dequantizes a huge group maximum to inf: SQNR -inf, max |err| inf
+    dict(seed=3, rows=3, groups=5, block=(128, 128), row_offset=0, codes="uniform", scales="mixed",
+         scale_dtype="f32", fmt=E4M3, rule="rceil", resolve="bf16")
+)
+def test_error_sums_equal_the_error_accumulator(case):
+    """kernels.error_sums (verify --exact-full) sums what metrics.ErrorAccumulator sums over the
+    reference's resolve and dequantize: sums to float64 rounding, maximum and saturation exactly."""
+    codes, scale = build(case)
+    args = (codes, scale, case["block"], case["row_offset"], case["resolve"], case["fmt"], case["rule"])
+    try:
+        payload, scales = requantize.requantize_rows(*args)
+    except ValueError:
+        return  # NaN / overflow: no package to measure
+    fp4 = case["fmt"] is E2M1
+    element_codes = elements.unpack_fp4(payload) if fp4 else payload
+    reference = resolve.resolve_tiles(codes, scale, case["block"], case["resolve"], row_offset=case["row_offset"])
+    expected = ErrorAccumulator()
+    with np.errstate(over="ignore", invalid="ignore"):
+        expected.update(reference, mx.dequantize_mx(element_codes, scales, case["fmt"]), element_codes, case["fmt"])
+    want = expected.result()
+    sums = kernels.error_sums(codes, scale, case["block"], case["row_offset"], case["resolve"], case["fmt"], payload, scales)
+    got = ErrorAccumulator()
+    got.add_sums(*sums[:3], codes.size, sums[3])
+    got = got.result()
+    assert got.max_abs == want.max_abs or (math.isnan(got.max_abs) and math.isnan(want.max_abs))
+    assert got.saturated_fraction == want.saturated_fraction and got.count == want.count
+    for a, b in ((got.rel_l2, want.rel_l2), (got.sqnr_db, want.sqnr_db)):
+        assert a == pytest.approx(b, rel=1e-9, nan_ok=True)
+
+
+def test_error_sums_of_a_nan_scale_byte_are_nan():
+    codes = np.full((4, 64), 0x38, np.uint8)
+    scale = np.ones((1, 1), np.float32)
+    payload, scales = kernels.requantize_rows(codes, scale, (128, 128), 0, "bf16", E4M3, "floor")
+    scales[2, 1] = 255
+    ref_sq, err_sq, max_abs, saturated = kernels.error_sums(codes, scale, (128, 128), 0, "bf16", E4M3, payload, scales)
+    assert ref_sq == 256.0 and math.isnan(err_sq) and math.isnan(max_abs) and saturated == 0
+
+
 def test_mse_ties_in_saturating_groups_stay_at_floor():
     """Saturating E2M1 groups whose two sums of squared error are exactly equal (found by a
     subset-sum search over per-code error differences at scale 1.09375): mse keeps E_floor. Five
@@ -471,19 +518,52 @@ def test_first_nan_code_edges():
 
 
 def test_kernels_are_cached_and_release_the_gil():
-    for dispatcher in (kernels._requantize_kernel, kernels._resolve_bf16_kernel, kernels._first_nan_kernel):
+    entry_points = [kernels.ENTRY_POINTS[name].dispatcher for name in kernels.ENTRY_POINTS]
+    for dispatcher in entry_points:
         assert dispatcher.targetoptions.get("nogil") is True
         assert dispatcher._cache.__class__.__name__ != "NullCache"
         assert dispatcher.targetoptions.get("fastmath") in (None, False, set())
     # a fresh interpreter loads the compiled code from the cache instead of compiling it again
     probe = (
         "import ascendconv.formats.kernels as k;"
-        "ds = (k._requantize_kernel, k._resolve_bf16_kernel, k._first_nan_kernel);"
+        "ds = [k.ENTRY_POINTS[n].dispatcher for n in k.ENTRY_POINTS];"
         "print(sum(len(d.stats.cache_hits) for d in ds), sum(len(d.stats.cache_misses) for d in ds))"
     )
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     hits, misses = map(int, result.stdout.split())
-    assert hits >= 3 and misses == 0
+    assert hits == len(kernels.ENTRY_POINTS) and misses == 0
+
+
+def test_importing_the_kernels_compiles_nothing(tmp_path):
+    """Entry points compile on first use: an import with an empty cache leaves it empty."""
+    probe = "import ascendconv.formats.kernels as k; print(sum(e._dispatcher is not None for e in k.ENTRY_POINTS.values()))"
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, env=env)
+    assert result.stdout.split() == ["0"]
+    assert not any(tmp_path.rglob("*.nbi"))
+
+
+@pytest.mark.parametrize(
+    ("scheme", "fixture", "compiled"),
+    [
+        ("w4a8-mxfp-moe", "qwen3-moe-fp8", ["requantize"]),
+        ("w8a8-mxfp8", "deepseek-v3-fp8", ["requantize", "resolve_bf16", "first_nan"]),
+    ],
+)
+def test_first_run_says_it_compiles_once_and_only_what_it_needs(tmp_path, scheme, fixture, compiled):
+    """A fresh numba cache: convert says on stderr that it compiles the kernels and how long it
+    took, and compiles only the entry points the plan needs; the next run says nothing."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    argv = [sys.executable, "-m", "ascendconv.cli", "convert", str(FIXTURES / fixture), "--scheme", scheme, "--quiet"]
+    first = subprocess.run(argv + [str(tmp_path / "a")], capture_output=True, text=True, env=env, timeout=600)
+    assert first.returncode == 0, first.stderr
+    lines = first.stderr.splitlines()
+    assert lines[0].startswith("compiling the conversion kernels for this machine (once")
+    assert re.fullmatch(rf"kernels compiled in \d+\.\d s \({re.escape(', '.join(compiled))}\); later runs .*", lines[1])
+    cached = {p.name.split("-")[0].removeprefix("kernels.") for p in (tmp_path / "cache").rglob("*.nbi")}
+    assert {n for n in cached if n.endswith("_kernel")} == {kernels.ENTRY_POINTS[n].function.__name__ for n in compiled}
+    again = subprocess.run(argv + [str(tmp_path / "b")], capture_output=True, text=True, env=env, timeout=600)
+    assert again.returncode == 0 and again.stderr == ""
 
 
 # --- the convert pipeline around the kernels ------------------------------------------------------
@@ -493,8 +573,7 @@ def test_kernels_are_cached_and_release_the_gil():
 def test_pipeline_bytes_do_not_depend_on_io_path_chunking_or_workers(tmp_path, monkeypatch, scheme):
     """Direct I/O with tiny staging buffers, tiny work items, and 1 or 3 workers write the same
     package as the defaults (page-cache writes for these small shards, 16M-element items), and
-    every recorded shard digest is the sha256 of the file."""
-    import hashlib
+    every recorded shard digest is the BLAKE3 of the file."""
     import json
     from pathlib import Path
 
@@ -505,7 +584,7 @@ def test_pipeline_bytes_do_not_depend_on_io_path_chunking_or_workers(tmp_path, m
     fixture = Path(__file__).resolve().parent.parent / "fixtures" / "deepseek-v3-fp8"
 
     def digests(directory):
-        return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir())}
+        return {p.name: file_digest(p) for p in sorted(directory.iterdir())}
 
     options = dict(scheme=scheme, scale_rule="mse", max_shard_size=300_000)
     baseline = tmp_path / "baseline"
@@ -523,7 +602,7 @@ def test_pipeline_bytes_do_not_depend_on_io_path_chunking_or_workers(tmp_path, m
         got = digests(out)
         provenance = json.loads((out / "ascendconv_provenance.json").read_text())
         for name, entry in provenance["shards"].items():
-            assert entry["sha256"] == got[name]
+            assert entry["blake3"] == got[name]
         got.pop("ascendconv_provenance.json")
         assert got == {k: v for k, v in expected.items() if k != "ascendconv_provenance.json"}
 
@@ -565,3 +644,21 @@ def test_pipeline_failure_with_direct_io_leaves_nothing(tmp_path, monkeypatch):
             break
         time.sleep(0.01)
     assert threading.active_count() <= before
+
+
+def test_workers_are_capped_at_the_core_count(tmp_path, monkeypatch):
+    """--workers 1000 converts with one thread per core: buffers in flight, hence memory, do not
+    grow with the option."""
+    import ascendconv.convert as convert_module
+    from ascendconv.convert import ConvertOptions, convert
+
+    seen = []
+    real = convert_module.ThreadPoolExecutor
+
+    def recording(max_workers):
+        seen.append(max_workers)
+        return real(max_workers=max_workers)
+
+    monkeypatch.setattr(convert_module, "ThreadPoolExecutor", recording)
+    convert(FIXTURES / "qwen3-dense-fp8", tmp_path / "out", ConvertOptions(workers=1000))
+    assert seen == [os.cpu_count()]

@@ -4,7 +4,6 @@ that names the tensor or file; the numbers against the source; the MoE chain aga
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import shutil
@@ -24,7 +23,7 @@ from ascendconv.formats.constants import E2M1, E4M3
 from ascendconv.io.safetensors import TensorReader, read_header
 from ascendconv.io.source import SourceCheckpoint
 from ascendconv.verify import VerifyOptions, verify
-from conftest import FIXTURE_NAMES, FIXTURES, SCHEMES, load_shard, save_shard
+from conftest import FIXTURE_NAMES, FIXTURES, SCHEMES, file_digest, load_shard, save_shard
 
 runner = CliRunner()
 DENSE, MOE, DEEPSEEK = "qwen3-dense-fp8", "qwen3-moe-fp8", "deepseek-v3-fp8"
@@ -72,7 +71,7 @@ def reseal(pkg: Path) -> None:
     """Re-record checksums and total_size, so that only the corruption under test is visible."""
     prov = read_json(pkg / PROVENANCE)
     for file in prov["shards"]:
-        prov["shards"][file]["sha256"] = hashlib.sha256((pkg / file).read_bytes()).hexdigest()
+        prov["shards"][file][prov["checksum"]] = file_digest(pkg / file, prov["checksum"])
     write_json(pkg / PROVENANCE, prov)
     index = read_json(pkg / INDEX)
     index["metadata"]["total_size"] = sum(
@@ -116,11 +115,17 @@ def test_clean_package_passes_everything(converted, fixture, scheme):
 
 
 @pytest.mark.parametrize("fixture", FIXTURE_NAMES)
-def test_exact_full_and_fp32_resolve(converted, fixture):
+def test_exact_full_and_fp32_resolve(converted, fixture, monkeypatch):
     pkg = converted(fixture, "w4a8-mxfp-moe", "floor", resolve_dtype="fp32")
     report = verify(pkg, VerifyOptions(source=FIXTURES / fixture, exact="full"))
     assert report.ok, [(c.name, c.problems) for c in report.failed]
     assert "every row" in report.check("exact").detail
+    # the kernel's sums of every row (--exact-full) and numpy's, sampling every row, agree
+    monkeypatch.setattr(v, "STATS_ELEMENTS", 2**40)
+    default = {t.name: t for t in verify(pkg, VerifyOptions(source=FIXTURES / fixture)).tensors}
+    for t in report.tensors:
+        assert t.rel_err == pytest.approx(default[t.name].rel_err, rel=1e-9)
+        assert (t.max_abs, t.saturated) == (default[t.name].max_abs, default[t.name].saturated)
 
 
 def test_cli_json_schema_and_exit_0(converted):
@@ -237,7 +242,7 @@ def test_truncated_shard(package):
     report = verify(pkg)
     assert failed(report) == {"headers", "checksums"}
     assert SHARD in problems(report, "headers") and "truncated" in problems(report, "headers")
-    assert f"{SHARD}: sha256" in problems(report, "checksums")
+    assert f"{SHARD}: blake3" in problems(report, "checksums")
 
 
 def test_flipped_byte(package):
@@ -249,8 +254,41 @@ def test_flipped_byte(package):
     (pkg / SHARD).write_bytes(bytes(raw))
     report = verify(pkg)
     assert failed(report) == {"checksums"}
-    assert f"{SHARD}: sha256" in problems(report, "checksums") and "recorded at conversion" in problems(report, "checksums")
+    assert f"{SHARD}: blake3" in problems(report, "checksums") and "recorded at conversion" in problems(report, "checksums")
     assert verify(pkg, VerifyOptions(checksums=False)).ok
+
+
+def as_sha256_package(pkg: Path) -> None:
+    """Rewrite provenance the way packages written before BLAKE3 recorded checksums: no "checksum"
+    field, {"sha256": hex} per shard."""
+    prov = read_json(pkg / PROVENANCE)
+    assert prov.pop("checksum") == "blake3"
+    prov["shards"] = {file: {"sha256": file_digest(pkg / file, "sha256")} for file in prov["shards"]}
+    write_json(pkg / PROVENANCE, prov)
+
+
+def test_package_with_sha256_checksums_still_verifies(package):
+    pkg = package(MOE)
+    as_sha256_package(pkg)
+    report = verify(pkg)
+    assert report.ok
+    assert report.check("checksums").detail.startswith("1 shard(s) match the sha256 recorded at conversion:")
+    raw = bytearray((pkg / SHARD).read_bytes())
+    raw[-1] ^= 0x01
+    (pkg / SHARD).write_bytes(bytes(raw))
+    report = verify(pkg)
+    assert failed(report) == {"checksums"}
+    assert f"{SHARD}: sha256" in problems(report, "checksums")
+
+
+def test_unknown_checksum_algorithm_fails_provenance(package):
+    pkg = package()
+    prov = read_json(pkg / PROVENANCE)
+    prov["checksum"] = "md5"
+    write_json(pkg / PROVENANCE, prov)
+    report = verify(pkg)
+    assert "provenance" in failed(report)
+    assert "checksum is 'md5', expected one of blake3, sha256" in problems(report, "provenance")
 
 
 def test_stale_safetensors(package):
@@ -326,10 +364,13 @@ def test_scale_byte_255(package):
         t[name] = (dtype, shape, bytes(raw))
 
     edit_shard(pkg, poison)
-    reseal(pkg)
-    report = verify(pkg)
-    assert failed(report) == {"scales"}
+    report = verify(pkg)  # the checksum no longer vouches for the shard: its tensors are scanned
+    assert failed(report) == {"scales", "checksums"}
     assert f"{name!r} ({SHARD}) holds the E8M0 NaN byte 255 at row 5, group 3" in problems(report, "scales")
+    reseal(pkg)
+    report = verify(pkg, VerifyOptions(checksums=False))  # e.g. a package written by another tool
+    assert failed(report) == {"scales"}
+    assert "row 5, group 3" in problems(report, "scales")
 
 
 def test_nan_code_in_fp8_payload(package):
@@ -343,10 +384,25 @@ def test_nan_code_in_fp8_payload(package):
         t[name] = (dtype, shape, bytes(raw))
 
     edit_shard(pkg, poison)
-    reseal(pkg)
     report = verify(pkg)
-    assert failed(report) == {"payload"}
+    assert failed(report) == {"payload", "checksums"}
     assert f"{name!r} ({SHARD}) holds the E4M3 NaN code 0xFF at row 7, column 9" in problems(report, "payload")
+    reseal(pkg)
+    report = verify(pkg, VerifyOptions(checksums=False))
+    assert failed(report) == {"payload"}
+
+
+def test_a_shard_whose_checksum_matches_is_hashed_not_scanned(package, monkeypatch):
+    """Its bytes are those convert wrote (never a NaN code or scale 255): the scan is skipped and
+    the report says so; without a recorded checksum every tensor is scanned."""
+    pkg = package()
+    scanned = []
+    monkeypatch.setattr(v, "_scan_chunk", lambda lay, entry, *args: scanned.append(entry.name))
+    report = verify(pkg)
+    assert report.ok and scanned == []
+    assert "1 shard(s) not scanned: their checksums match" in report.check("scales").detail
+    verify(pkg, VerifyOptions(checksums=False))
+    assert Q + ".weight" in scanned and Q + ".weight_scale" in scanned
 
 
 @pytest.mark.parametrize(
@@ -459,6 +515,94 @@ def test_changed_payload_byte_caught_by_exact(package):
     report = verify(pkg, VerifyOptions(source=FIXTURES / DENSE, exact="sample"))
     assert failed(report) == {"exact"}
     assert f"{name!r} payload: 1 byte(s) in 1 row(s) differ from the reference; first at row 0, byte 11" in problems(report, "exact")
+
+
+# --- tampering: a package damaged, then resealed (checksums re-recorded), against its source ------
+
+EXPERT = "model.layers.0.mlp.experts.1.up_proj"
+
+
+def tamper(pkg: Path, name: str, edit) -> None:
+    """Apply edit(raw bytearray, row bytes) to one tensor of the shard, then reseal the package."""
+
+    def change(t):
+        dtype, shape, data = t[name]
+        raw = bytearray(data)
+        edit(raw, len(raw) // shape[0])
+        t[name] = (dtype, shape, bytes(raw))
+
+    edit_shard(pkg, change)
+    reseal(pkg)
+
+
+def zero_row(row):
+    def edit(raw, width):
+        raw[row * width : (row + 1) * width] = bytes(width)
+
+    return edit
+
+
+def raise_scales(row, groups=None):
+    """Raise the scale bytes of one row (or some of its groups) by one step (x2)."""
+
+    def edit(raw, width):
+        for g in range(width) if groups is None else groups:
+            raw[row * width + g] += 1
+
+    return edit
+
+
+def flip_bits(row, columns):
+    def edit(raw, width):
+        for c in columns:
+            raw[row * width + c] ^= 0x01  # a low mantissa / FP4 bit: never makes a NaN code
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    ("scheme", "tensor", "edit", "row", "what"),
+    [
+        ("w4a8-mxfp-moe", EXPERT + ".weight", zero_row(17), 17, "payload"),
+        ("w8a8-mxfp8", EXPERT + ".weight", zero_row(100), 100, "payload"),
+        ("w4a8-mxfp-moe", EXPERT + ".weight_scale", raise_scales(5), 5, "scale"),
+        ("w8a8-mxfp8", Q + ".weight_scale", raise_scales(9, groups=[3]), 9, "scale"),
+        ("w4a8-mxfp-moe", Q + ".weight", flip_bits(66, [0, 7, 40]), 66, "payload"),
+    ],
+    ids=["expert-row-zeroed-w4", "expert-row-zeroed-w8", "row-scales-raised", "one-group-scale-raised", "payload-bits"],
+)
+def test_resealed_tampering_is_caught_by_source_naming_tensor_and_row(package, scheme, tensor, edit, row, what):
+    """Checksums prove only that shards are what provenance says; a resealed package passes
+    without --source by construction, and --source (no --exact) re-derives the bytes and names
+    the damaged tensor and row."""
+    fixture = MOE if tensor.startswith(EXPERT) else DENSE
+    pkg = package(fixture, scheme)
+    tamper(pkg, tensor, edit)
+    assert verify(pkg).ok  # what the checksums cannot see
+    report = verify(pkg, VerifyOptions(source=FIXTURES / fixture))
+    assert "exact" in failed(report) and failed(report) <= {"exact", "accuracy"}
+    message = problems(report, "exact")
+    assert f"{tensor!r} {what}:" in message and f"first at row {row}," in message
+    assert f"row(s) differ from the reference" in message
+
+
+def test_sample_rederives_a_seeded_share_of_every_weight(converted):
+    pkg = converted(DEEPSEEK, "w8a8-mxfp8")
+    full = verify(pkg, VerifyOptions(source=FIXTURES / DEEPSEEK))
+    half = verify(pkg, VerifyOptions(source=FIXTURES / DEEPSEEK, sample=0.5, seed=3))
+    assert full.ok and half.ok
+    assert "every row" in full.check("exact").detail
+    rows = [int(w) for w in half.check("exact").detail.split()[:3:2]]  # "R of T rows (--sample 0.5, seed 3 ...)"
+    assert 0 < rows[0] < rows[1] and "--sample 0.5, seed 3" in half.check("exact").detail
+    again = verify(pkg, VerifyOptions(source=FIXTURES / DEEPSEEK, sample=0.5, seed=3))
+    assert again.check("exact").detail == half.check("exact").detail
+    assert {t.name for t in half.tensors} == {t.name for t in full.tensors}  # every weight measured
+
+
+@pytest.mark.parametrize("argv", [["--sample", "0"], ["--sample", "1.5"], ["--sample", "0.5", "--exact-full"]])
+def test_bad_sample_is_a_usage_error(converted, argv):
+    result = run_verify(converted(DENSE, "w8a8-mxfp8"), "--source", FIXTURES / DENSE, *argv)
+    assert result.exit_code == 2, result.output
 
 
 def test_accuracy_threshold_names_the_worst_tensor(converted):

@@ -31,10 +31,12 @@ How it is fast (spec 4, "byte-domain conversion"):
   same float32/float64 operations as the reference.
 
 Everything runs in `_requantize_kernel`, a row-order walk over the codes with per-thread scratch
-tables (`_scratch`). Every jitted function has ``cache=True`` (the cache lives in ``__pycache__``
-next to this file, or numba's per-user cache directory when that is not writable) and
-``nogil=True``, so convert's worker threads run them in parallel; the entry points are compiled
-at import for explicit signatures. No fastmath anywhere: the float operations and their order are
+tables (`_scratch`), except groups across two tiles, which `_requantize_direct_kernel` fills. The
+entry points have explicit signatures and are compiled on first use, not at import
+(`compile_entry_points` lets convert compile what a run needs up front and say so); every jitted
+function has ``cache=True`` (the cache lives in ``__pycache__`` next to this file, or numba's
+per-user cache directory when that is not writable) and ``nogil=True``, so convert's worker
+threads run them in parallel. No fastmath anywhere: the float operations and their order are
 the reference's.
 
 Inputs the reference rejects (NaN codes, non-finite resolved values, bad shapes or options) are
@@ -45,6 +47,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 
 import ml_dtypes
 import numpy as np
@@ -55,6 +58,73 @@ from numba.extending import intrinsic
 
 from ascendconv.formats import requantize as _reference
 from ascendconv.formats.constants import E2M1, E2M1_GRID, E4M3, GROUP_SIZE, SCALE_RULES
+
+# --- entry points, compiled on first use -----------------------------------------------------
+
+
+class _EntryPoint:
+    """A kernel with an explicit signature, compiled (or loaded from numba's cache) on its first
+    call or by `compile_entry_points`, never at import: a run compiles only the kernels it uses."""
+
+    def __init__(self, signature, function):
+        self.signature = signature
+        self.function = function
+        self._dispatcher = None
+        self._lock = threading.Lock()
+
+    @property
+    def dispatcher(self):
+        if self._dispatcher is None:
+            with self._lock:  # convert's workers may arrive together
+                if self._dispatcher is None:
+                    self._dispatcher = njit(self.signature, cache=True, nogil=True)(self.function)
+        return self._dispatcher
+
+    def __call__(self, *args):
+        return self.dispatcher(*args)
+
+
+def _entry_point(signature):
+    return lambda function: _EntryPoint(signature, function)
+
+
+COMPILING_NOTICE = "compiling the conversion kernels for this machine (once: later runs load them from numba's cache) ..."
+
+
+def compile_entry_points(names, notice=None) -> float:
+    """Make the named entry points ready (ENTRY_POINTS' keys): load each from numba's cache, or
+    compile it there the first time. When something is compiled, `notice(text)` is told so as
+    the first compilation starts, then how long it took (loading from the cache is quick and says
+    nothing). Returns the seconds spent compiling, else 0."""
+    from numba.core import event
+
+    class Listener(event.Listener):
+        compiled = False
+
+        def on_start(self, ev):
+            if not self.compiled:
+                self.compiled = True
+                if notice is not None:
+                    notice(COMPILING_NOTICE)
+
+        def on_end(self, ev):
+            pass
+
+    listener = Listener()
+    started = time.perf_counter()
+    event.register("numba:compile", listener)
+    try:
+        for name in names:
+            ENTRY_POINTS[name].dispatcher
+    finally:
+        event.unregister("numba:compile", listener)
+    if not listener.compiled:
+        return 0.0
+    seconds = time.perf_counter() - started
+    if notice is not None:
+        notice(f"kernels compiled in {seconds:.1f} s ({', '.join(names)}); later runs load them from the cache")
+    return seconds
+
 
 # --- scalar helpers --------------------------------------------------------------------------
 
@@ -164,14 +234,14 @@ def _encode(y, fmt):
     return _encode_e4m3(y) if fmt == _FMT_E4M3 else _encode_e2m1(y)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def _floor_exponent(a_bits, emax):
     """max(expfield - emax, 0) of a non-negative float32 given by its bits."""
     e = np.int64(a_bits >> np.uint32(23)) - emax
     return e if e > 0 else 0
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def _rceil_exponent(a, max_mantissa, max_exponent):
     """Smallest E in [0, 254] with a <= max_value * 2**(E - 127) (mx._rceil_exponents)."""
     if a == np.float32(0.0):
@@ -330,7 +400,7 @@ def _sse_decisions(typingctx, codes, c0, c1, c2, c3, pairs, p0, p1, p2, p3):
 # --- tables ----------------------------------------------------------------------------------
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def _fill_values(val, s, bf16):
     """val[c] = R(fp8(c) * s) for the 256 codes (NaN codes give NaN, never used)."""
     if bf16:
@@ -444,7 +514,7 @@ def _direct_group(v, out, fmt, rule, emax, max_mantissa, max_exponent, sbit, lo_
 
 
 
-_REQUANT_SIG = types.int64(
+_ROWS_IN = (  # the arguments both requantize entry points start with
     types.Array(types.uint8, 2, "C", readonly=True),  # codes [R, K]
     types.Array(types.float32, 2, "C", readonly=True),  # tile scales
     types.int64,  # bn
@@ -453,9 +523,12 @@ _REQUANT_SIG = types.int64(
     types.boolean,  # BF16 resolve
     types.int64,  # format
     types.int64,  # rule
+)
+_ROWS_OUT = (types.Array(types.uint8, 2, "C"), types.Array(types.uint8, 2, "C"))  # payload, scale bytes
+_REQUANT_SIG = types.int64(
+    *_ROWS_IN,
     types.int64,  # path
-    types.Array(types.uint8, 2, "C"),  # payload
-    types.Array(types.uint8, 2, "C"),  # scale bytes
+    *_ROWS_OUT,
     types.Array(types.uint8, 1, "C"),  # scratch: code tables
     types.Array(types.float64, 1, "C"),  # scratch: squared-error pair tables
     types.Array(types.int64, 1, "C"),  # scratch: key stamps, key slots, pair stamps, band counter
@@ -471,7 +544,7 @@ _SSE_FLAG = 1 << 56
 _SLOT_MASK = (1 << 24) - 1
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def _take_high(gtab, scales_out, g, scale_base, high_slot):
     """Switch group g to its E_floor + 1 table and scale byte."""
     gtab[g] = high_slot * 256
@@ -500,7 +573,7 @@ def _scan_row(codes, row_start, g, n_groups, group_tc, info, scales_out, scale_r
     return g, n_sse
 
 
-@njit(_REQUANT_SIG, cache=True, nogil=True)
+@_entry_point(_REQUANT_SIG)
 def _requantize_kernel(
     codes2d, scale, bn, bk, row_offset, bf16, fmt, rule, path, payload2d, scales2d, code_tabs, sq_tabs, meta, info
 ):
@@ -538,27 +611,18 @@ def _requantize_kernel(
         emax, sbit, sse_above = 2, np.uint8(0x08), np.float32(7.0)
         max_mantissa, max_exponent = 0.75, 3
 
-    # group -> its tile column, or -1 when it straddles two tiles (or every group on _PATH_DIRECT)
+    # group -> its tile column, or -1 when it straddles two tiles (or every group on _PATH_DIRECT):
+    # those are left to _requantize_direct_kernel
     direct = path == _PATH_DIRECT
     vector_lookup = _AVX2 and path == _PATH_AUTO
     group_tc = np.empty(n_groups, dtype=np.int64)
-    straddling = False
     for g in range(n_groups):
         first = g * GROUP_SIZE // bk
-        if direct or first != (g * GROUP_SIZE + GROUP_SIZE - 1) // bk:
-            group_tc[g] = -1
-            straddling = True
-        else:
-            group_tc[g] = first
+        group_tc[g] = -1 if direct or first != (g * GROUP_SIZE + GROUP_SIZE - 1) // bk else first
     vals = np.empty((tile_cols, 256), dtype=np.float32)  # per tile column: code -> resolved value
     gtab = np.empty(n_groups, dtype=np.int64)  # per group of the row: offset of its code table
     sse_groups = np.empty(n_groups, dtype=np.int64)  # groups of the row whose mse needs the sums
     sse_info = np.empty(n_groups, dtype=np.int64)
-    # direct path scratch
-    gv = np.empty(GROUP_SIZE, dtype=np.float32)
-    gout = np.empty(GROUP_SIZE, dtype=np.uint8)
-    glo = np.empty(GROUP_SIZE, dtype=np.uint8)
-    ghi = np.empty(GROUP_SIZE, dtype=np.uint8)
 
     for t in range(row_offset // bn, (row_offset + rows - 1) // bn + 1):
         r0 = max(t * bn - row_offset, 0)
@@ -575,8 +639,8 @@ def _requantize_kernel(
             # pass 1: per group, the table (and scale byte) its maximum magnitude selects; the
             # first group of a tile with a given maximum stops the scan to find the exponent(s)
             # and fill tables, then the scan resumes at that group
-            n_sse = 0
-            g = 0
+            n_sse = np.int64(0)  # not the literal 0: _scan_row would be compiled twice (0, then int64)
+            g = np.int64(0)
             while True:
                 g, n_sse = _scan_row(
                     codes, row_start, g, n_groups, group_tc, info, scales_out, scale_row, gtab, sse_groups, sse_info,
@@ -693,22 +757,43 @@ def _requantize_kernel(
                                 code = code_tabs[tab + ((word >> np.uint64(8 * b)) & np.uint64(0xFF))]
                                 o |= np.uint64(code) << np.uint64(32 * q + 4 * b)
                         out_words[ow + np.uint64(half)] = o
-        if not straddling:
-            continue
-        # --- groups across tiles (bk % 32 != 0), or every group on _PATH_DIRECT
+    return 0
+
+
+_DIRECT_SIG = types.int64(*_ROWS_IN, types.boolean, *_ROWS_OUT)  # boolean: every group, not only those across tiles
+
+
+@_entry_point(_DIRECT_SIG)
+def _requantize_direct_kernel(codes2d, scale, bn, bk, row_offset, bf16, fmt, rule, every_group, payload2d, scales2d):
+    """The groups _requantize_kernel leaves out: those across two tiles (bk % 32 != 0), or every
+    group with `every_group`, one element at a time. Status 0: done; 1: NaN/Inf input. A separate
+    entry point, so that only checkpoints whose tiles split MX groups ever compile it."""
+    rows, k = codes2d.shape
+    n_groups = k // GROUP_SIZE
+    if fmt == _FMT_E4M3:
+        emax, sbit = 8, np.uint8(0x80)
+        max_mantissa, max_exponent = 0.875, 9
+    else:
+        emax, sbit = 2, np.uint8(0x08)
+        max_mantissa, max_exponent = 0.75, 3
+    gv = np.empty(GROUP_SIZE, dtype=np.float32)
+    gout = np.empty(GROUP_SIZE, dtype=np.uint8)
+    glo = np.empty(GROUP_SIZE, dtype=np.uint8)
+    ghi = np.empty(GROUP_SIZE, dtype=np.uint8)
+    for t in range(row_offset // bn, (row_offset + rows - 1) // bn + 1):
+        r0 = max(t * bn - row_offset, 0)
+        r1 = min((t + 1) * bn - row_offset, rows)
         for r in range(r0, r1):
             for g in range(n_groups):
-                if group_tc[g] >= 0:
-                    continue
                 kk = g * GROUP_SIZE
+                if not every_group and kk // bk == (kk + GROUP_SIZE - 1) // bk:
+                    continue
                 for j in range(GROUP_SIZE):
                     c = codes2d[r, kk + j]
                     if (c & np.uint8(0x7F)) == 0x7F:
                         return 1
                     gv[j] = _resolve(_E4M3_DECODE[c], scale[t, (kk + j) // bk], bf16)
-                e = _direct_group(
-                    gv, gout, fmt, rule, emax, max_mantissa, max_exponent, sbit, glo, ghi
-                )
+                e = _direct_group(gv, gout, fmt, rule, emax, max_mantissa, max_exponent, sbit, glo, ghi)
                 if e < 0:
                     return 1
                 scales2d[r, g] = np.uint8(e)
@@ -722,6 +807,93 @@ def _requantize_kernel(
     return 0
 
 
+_ERROR_SIG = types.none(
+    *_ROWS_IN[:6],  # codes [R, K], tile scales, bn, bk, row_offset, BF16 resolve
+    types.int64,  # format
+    types.Array(types.uint8, 2, "C", readonly=True),  # package payload [R, K] or packed [R, K/2]
+    types.Array(types.uint8, 2, "C", readonly=True),  # package scale bytes [R, K/32]
+    types.Array(types.float64, 1, "C"),  # in/out: sum ref^2, sum err^2, max |err|, saturated codes
+)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _error_terms(vals, col_tile, src, decode, gcodes, unit, base, j):
+    """(resolved source value, dequantized package value - it) of element base + j, in float64."""
+    i = np.uint64(base + j)  # unsigned indices: no negative-index wraparound code
+    ref = np.float64(vals[np.uint64(col_tile[i]) * np.uint64(256) + np.uint64(src[i])])
+    return ref, np.float64(decode[gcodes[np.uint64(j)]] * unit) - ref
+
+
+@_entry_point(_ERROR_SIG)
+def _error_kernel(codes2d, scale, bn, bk, row_offset, bf16, fmt, payload2d, scales2d, sums):
+    """Add the error of a dequantized MX package block against its resolved source rows to `sums`,
+    with the definitions of metrics.ErrorAccumulator (float64 error of float32 values; a scale byte
+    255 dequantizes to NaN and makes the sums NaN). One 256-entry value table per tile; eight
+    partial sums per quantity (element j adds to lane j % 8), so that no chain of dependent float
+    additions sets the pace."""
+    rows, k = codes2d.shape
+    if rows == 0:
+        return
+    tile_cols = scale.shape[1]
+    tables = np.empty((tile_cols, 256), dtype=np.float32)
+    vals = tables.reshape(-1)
+    col_tile = np.empty(k, dtype=np.int64)
+    for col in range(k):
+        col_tile[col] = col // bk
+    if fmt == _FMT_E4M3:
+        decode, magnitude, top = _E4M3_DECODE, np.uint8(0x7F), np.uint8(0x7E)
+    else:
+        decode, magnitude, top = _E2M1_DECODE, np.uint8(0x07), np.uint8(0x07)
+    # four independent partial sums of each quantity (element j adds to partial j % 4)
+    ref0 = ref1 = ref2 = ref3 = err0 = err1 = err2 = err3 = 0.0
+    max_abs = 0.0
+    saturated = 0
+    gcodes = np.empty(GROUP_SIZE, dtype=np.uint8)
+    for t in range(row_offset // bn, (row_offset + rows - 1) // bn + 1):
+        r0 = max(t * bn - row_offset, 0)
+        r1 = min((t + 1) * bn - row_offset, rows)
+        for tc in range(tile_cols):
+            _fill_values(tables[tc], scale[t, tc], bf16)
+        for r in range(r0, r1):
+            src = codes2d[r]
+            for g in range(k // GROUP_SIZE):
+                base = g * GROUP_SIZE
+                if fmt == _FMT_E4M3:
+                    for j in range(GROUP_SIZE):
+                        gcodes[j] = payload2d[r, base + j]
+                else:
+                    for j in range(GROUP_SIZE // 2):
+                        byte = payload2d[r, g * (GROUP_SIZE // 2) + j]
+                        gcodes[2 * j] = byte & np.uint8(0x0F)
+                        gcodes[2 * j + 1] = byte >> np.uint8(4)
+                e = scales2d[r, g]
+                unit = np.float32(np.nan) if e == 255 else _pow2f(np.int64(e) - 127)
+                for j in range(0, GROUP_SIZE, 4):
+                    a0, d0 = _error_terms(vals, col_tile, src, decode, gcodes, unit, base, j)
+                    a1, d1 = _error_terms(vals, col_tile, src, decode, gcodes, unit, base, j + 1)
+                    a2, d2 = _error_terms(vals, col_tile, src, decode, gcodes, unit, base, j + 2)
+                    a3, d3 = _error_terms(vals, col_tile, src, decode, gcodes, unit, base, j + 3)
+                    ref0 += a0 * a0
+                    ref1 += a1 * a1
+                    ref2 += a2 * a2
+                    ref3 += a3 * a3
+                    err0 += d0 * d0
+                    err1 += d1 * d1
+                    err2 += d2 * d2
+                    err3 += d3 * d3
+                    max_abs = max(max_abs, abs(d0), abs(d1), abs(d2), abs(d3))
+                for j in range(GROUP_SIZE):
+                    saturated += (gcodes[j] & magnitude) == top
+    total_err = (err0 + err1) + (err2 + err3)
+    sums[0] += (ref0 + ref1) + (ref2 + ref3)
+    sums[1] += total_err
+    # a NaN error makes err_sq NaN (and only a NaN error does): then the maximum is NaN, as in np.max
+    block_max = np.nan if total_err != total_err else max_abs
+    if sums[2] == sums[2] and not block_max <= sums[2]:
+        sums[2] = block_max
+    sums[3] += saturated
+
+
 _RESOLVE_SIG = types.none(
     types.Array(types.uint8, 2, "C", readonly=True),
     types.Array(types.float32, 2, "C", readonly=True),
@@ -732,7 +904,7 @@ _RESOLVE_SIG = types.none(
 )
 
 
-@njit(_RESOLVE_SIG, cache=True, nogil=True)
+@_entry_point(_RESOLVE_SIG)
 def _resolve_bf16_kernel(codes, scale, bn, bk, row_offset, out):
     """out[r, k] = BF16 bits of R(fp8 * s), one 256-entry table per tile."""
     rows, k = codes.shape
@@ -753,7 +925,7 @@ def _resolve_bf16_kernel(codes, scale, bn, bk, row_offset, out):
                     out[r, kk] = tab[codes[r, kk]]
 
 
-@njit(types.int64(types.Array(types.uint8, 1, "C", readonly=True)), cache=True, nogil=True)
+@_entry_point(types.int64(types.Array(types.uint8, 1, "C", readonly=True)))
 def _first_nan_kernel(flat):
     """Flat index of the first code with (c & 0x7F) == 0x7F, or -1."""
     n = flat.shape[0]
@@ -768,6 +940,30 @@ def _first_nan_kernel(flat):
                 if (flat[i] & np.uint8(0x7F)) == 0x7F:
                     return i
     return -1
+
+
+ENTRY_POINTS = {
+    "requantize": _requantize_kernel,
+    "requantize_direct": _requantize_direct_kernel,
+    "resolve_bf16": _resolve_bf16_kernel,
+    "first_nan": _first_nan_kernel,
+    "error": _error_kernel,
+}
+
+
+def entry_points_for(mx: bool, resolve: bool, block: tuple[int, int]) -> list[str]:
+    """The entry points a conversion needs: requantize for MX weights (and the direct path when
+    the tiles split MX groups), resolve_bf16 and first_nan (its NaN check) for weights kept in
+    BF16. (requantize finds NaN codes itself; first_nan then only names the first one, and is
+    compiled on that first error.)"""
+    names = []
+    if mx:
+        names.append("requantize")
+        if block[1] % GROUP_SIZE:
+            names.append("requantize_direct")
+    if resolve:
+        names += ["resolve_bf16", "first_nan"]
+    return names
 
 
 # --- the public functions (requantize.py's signatures) -----------------------------------------
@@ -881,6 +1077,11 @@ def requantize_rows(
         if status != _SLOTS_EXHAUSTED:
             break
         slots = 2 * _THREAD.scratch[1]  # a tile row needed more tables than usual: start over
+    every_group = _path == "direct"
+    if status == 0 and (every_group or bk % GROUP_SIZE):  # groups across tiles
+        status = _requantize_direct_kernel(
+            c, scale, bn, bk, offset, resolve_dtype == "bf16", fmt_id, _RULE_IDS[rule], every_group, payload, scales
+        )
     if status:  # NaN code or non-finite value: the reference raises its own error
         return _reference.requantize_rows(codes, scale_inv, block, row_offset, resolve_dtype, fmt, rule)
     return payload, scales
@@ -928,3 +1129,19 @@ def first_nan_code(codes: np.ndarray) -> tuple[int, ...] | None:
     flat = np.ascontiguousarray(codes).reshape(-1)
     hit = _first_nan_kernel(flat)
     return None if hit < 0 else tuple(int(i) for i in np.unravel_index(hit, codes.shape))
+
+
+def error_sums(
+    codes: np.ndarray, scale_inv: np.ndarray, block: tuple[int, int], row_offset: int, resolve_dtype: str,
+    fmt, payload: np.ndarray, scales: np.ndarray,
+) -> tuple[float, float, float, int]:
+    """(sum ref^2, sum err^2, max |err|, saturated codes) of an MX package block (payload as stored:
+    E4M3 codes or packed E2M1) against the resolved source rows it came from; what
+    metrics.ErrorAccumulator sums for these rows, at kernel speed."""
+    c, scale, bn, bk, offset = _prepare(codes, scale_inv, block, row_offset)
+    sums = np.zeros(4, dtype=np.float64)
+    _error_kernel(
+        c, scale, bn, bk, offset, resolve_dtype == "bf16", _fmt_id(fmt),
+        np.ascontiguousarray(payload, dtype=np.uint8), np.ascontiguousarray(scales, dtype=np.uint8), sums,
+    )
+    return float(sums[0]), float(sums[1]), float(sums[2]), int(sums[3])

@@ -54,6 +54,18 @@ class ErrorAccumulator:
             self._codes_saturated += int(np.count_nonzero((codes & magnitude_mask) == MAX_MAGNITUDE_CODE[fmt.name]))
             self._codes_seen += codes.size
 
+    def add_sums(self, ref_sq: float, err_sq: float, max_abs: float, count: int, saturated: int | None) -> None:
+        """Add a chunk summed elsewhere (kernels.error_sums): `count` values; `saturated` of their
+        codes at the largest magnitude (None: no codes)."""
+        self._ref_sq += ref_sq
+        self._err_sq += err_sq
+        if not math.isnan(self._max_abs) and not max_abs <= self._max_abs:  # a NaN stays, as in np.max
+            self._max_abs = max_abs
+        self._count += count
+        if saturated is not None:
+            self._codes_saturated += saturated
+            self._codes_seen += count
+
     def result(self) -> ErrorStats:
         if self._ref_sq == 0.0:
             rel_l2 = 0.0 if self._err_sq == 0.0 else math.inf
@@ -64,7 +76,8 @@ class ErrorAccumulator:
         elif self._ref_sq == 0.0:
             sqnr_db = -math.inf
         else:
-            sqnr_db = 10.0 * math.log10(self._ref_sq / self._err_sq)
+            ratio = self._ref_sq / self._err_sq  # 0 when the error is infinite (an rceil overflow)
+            sqnr_db = 10.0 * math.log10(ratio) if ratio > 0 else -math.inf if ratio == 0 else math.nan
         saturated = self._codes_saturated / self._codes_seen if self._codes_seen else 0.0
         return ErrorStats(rel_l2, sqnr_db, self._max_abs, saturated, self._count)
 

@@ -9,7 +9,7 @@ through `ShardWriter`, whose header is fixed before the first data byte.
 from __future__ import annotations
 
 import errno
-import hashlib
+import functools
 import json
 import math
 import mmap
@@ -19,34 +19,21 @@ import struct
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import ml_dtypes
-import numpy as np
+from typing import TYPE_CHECKING
 
 from ascendconv.errors import HeaderError, TruncatedFileError, shown
+from ascendconv.io.checksum import new_hasher
 from ascendconv.io.files import open_regular, parse_json_bytes
 
-# dtype code -> numpy dtype used to view the bytes. F8_E4M3 is viewed as raw uint8 codes: the
-# numerics work on bits, and ml_dtypes' float8 views are made where values are needed.
-NUMPY_DTYPES: dict[str, np.dtype] = {
-    "BOOL": np.dtype(np.bool_),
-    "U8": np.dtype(np.uint8),
-    "I8": np.dtype(np.int8),
-    "U16": np.dtype(np.uint16),
-    "I16": np.dtype(np.int16),
-    "U32": np.dtype(np.uint32),
-    "I32": np.dtype(np.int32),
-    "U64": np.dtype(np.uint64),
-    "I64": np.dtype(np.int64),
-    "F16": np.dtype(np.float16),
-    "BF16": np.dtype(ml_dtypes.bfloat16),
-    "F32": np.dtype(np.float32),
-    "F64": np.dtype(np.float64),
-    "F8_E4M3": np.dtype(np.uint8),
-    "F8_E5M2": np.dtype(np.uint8),
-    "F8_E8M0": np.dtype(np.uint8),
-}
+if TYPE_CHECKING:
+    import numpy as np
 
+# dtype code -> bytes per element. Headers are parsed without numpy: commands that read only
+# headers (inspect, convert --dry-run) never import it (100 ms of their start-up).
+ITEMSIZES: dict[str, int] = {
+    "BOOL": 1, "U8": 1, "I8": 1, "U16": 2, "I16": 2, "U32": 4, "I32": 4, "U64": 8, "I64": 8,
+    "F16": 2, "BF16": 2, "F32": 4, "F64": 8, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
+}
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors library's own limit
 U64_MAX = 2**64 - 1
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14+
@@ -55,10 +42,10 @@ HEADER_ALIGNMENT = 8  # the reference writer pads the JSON header with spaces to
 
 # The exponent field of each float dtype: all ones means Inf or NaN.
 _EXPONENT_MASKS = {
-    "F16": (np.uint16, 0x7C00),
-    "BF16": (np.uint16, 0x7F80),
-    "F32": (np.uint32, 0x7F800000),
-    "F64": (np.uint64, 0x7FF0000000000000),
+    "F16": ("uint16", 0x7C00),
+    "BF16": ("uint16", 0x7F80),
+    "F32": ("uint32", 0x7F800000),
+    "F64": ("uint64", 0x7FF0000000000000),
 }
 
 
@@ -67,13 +54,49 @@ def nonfinite_count(data, dtype: str) -> int:
     dtypes), from their bits: no float conversion."""
     if dtype not in _EXPONENT_MASKS:
         return 0
-    view, mask = _EXPONENT_MASKS[dtype]
+    import numpy as np
+
+    name, mask = _EXPONENT_MASKS[dtype]
+    view = np.dtype(name).type
     bits = np.frombuffer(data, view)
     return int(np.count_nonzero((bits & view(mask)) == view(mask)))
 
 
+@functools.cache
+def _numpy_dtypes() -> dict[str, "np.dtype"]:
+    """dtype code -> numpy dtype used to view the bytes. F8_E4M3 is viewed as raw uint8 codes: the
+    numerics work on bits, and ml_dtypes' float8 views are made where values are needed."""
+    import ml_dtypes
+    import numpy as np
+
+    return {
+        "BOOL": np.dtype(np.bool_),
+        "U8": np.dtype(np.uint8),
+        "I8": np.dtype(np.int8),
+        "U16": np.dtype(np.uint16),
+        "I16": np.dtype(np.int16),
+        "U32": np.dtype(np.uint32),
+        "I32": np.dtype(np.int32),
+        "U64": np.dtype(np.uint64),
+        "I64": np.dtype(np.int64),
+        "F16": np.dtype(np.float16),
+        "BF16": np.dtype(ml_dtypes.bfloat16),
+        "F32": np.dtype(np.float32),
+        "F64": np.dtype(np.float64),
+        "F8_E4M3": np.dtype(np.uint8),
+        "F8_E5M2": np.dtype(np.uint8),
+        "F8_E8M0": np.dtype(np.uint8),
+    }
+
+
+def __getattr__(name: str):
+    if name == "NUMPY_DTYPES":  # made on first use, with numpy
+        return _numpy_dtypes()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def itemsize(dtype: str) -> int:
-    return NUMPY_DTYPES[dtype].itemsize
+    return ITEMSIZES[dtype]
 
 
 def tensor_nbytes(dtype: str, shape: tuple[int, ...]) -> int:
@@ -206,7 +229,7 @@ def _parse_entry(path: Path, name: str, info: object, data_start: int) -> Tensor
     if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= info.keys():
         raise HeaderError(f"{path}: tensor {shown(name)} lacks dtype, shape or data_offsets")
     dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
-    if not isinstance(dtype, str) or dtype not in NUMPY_DTYPES:
+    if not isinstance(dtype, str) or dtype not in ITEMSIZES:
         raise HeaderError(f"{path}: tensor {shown(name)} has unknown dtype {shown(dtype)}")
     problem = shape_problem(dtype, shape)
     if problem:
@@ -237,12 +260,18 @@ class TensorReader:
 
     def __init__(self) -> None:
         self._fds: dict[Path, int] = {}
+        self._lock = threading.Lock()
 
     def _fd(self, path: Path) -> int:
         fd = self._fds.get(path)
         if fd is None:
-            fd, _ = open_regular(path)  # O_NONBLOCK: never waits on a FIFO put in the file's place
-            self._fds[path] = fd
+            with self._lock:  # verify's threads share one reader
+                fd = self._fds.get(path)
+                if fd is None:
+                    fd, _ = open_regular(path)  # O_NONBLOCK: never waits on a FIFO put in the file's place
+                    if hasattr(os, "posix_fadvise"):  # tensors are read front to back: read ahead generously
+                        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+                    self._fds[path] = fd
         return fd
 
     def read_bytes(self, entry: TensorEntry, start: int = 0, count: int | None = None) -> bytearray:
@@ -283,6 +312,8 @@ class TensorReader:
                 mapped.close()
                 raise TruncatedFileError(f"{entry.path}: tensor {shown(entry.name)} is cut short (truncated file)") from exc
             # older kernels (EINVAL): pages fault in on first touch instead
+        import numpy as np
+
         return np.frombuffer(mapped, dtype=np.uint8, count=count, offset=begin - aligned)
 
     def read_rows(self, entry: TensorEntry, row_start: int = 0, row_stop: int | None = None) -> np.ndarray:
@@ -291,7 +322,9 @@ class TensorReader:
         row_stop = rows if row_stop is None else row_stop
         row_bytes = entry.nbytes // rows if rows else 0
         data = self.read_bytes(entry, row_start * row_bytes, (row_stop - row_start) * row_bytes)
-        array = np.frombuffer(data, dtype=NUMPY_DTYPES[entry.dtype])
+        import numpy as np
+
+        array = np.frombuffer(data, dtype=_numpy_dtypes()[entry.dtype])
         if not entry.shape:
             return array.reshape(())
         return array.reshape((row_stop - row_start, *entry.shape[1:]))
@@ -353,25 +386,27 @@ _DIRECT_BUFFERS = 6
 def _aligned_buffer(nbytes: int) -> np.ndarray:
     """A uint8 array of `nbytes` starting on an _DIRECT_ALIGNMENT boundary (ordinary private
     memory, which O_DIRECT pins on its fast path, unlike shared anonymous mappings)."""
+    import numpy as np
+
     raw = np.empty(nbytes + _DIRECT_ALIGNMENT, dtype=np.uint8)
     start = -raw.ctypes.data % _DIRECT_ALIGNMENT
     return raw[start : start + nbytes]
 
 
 class _BufferedSink:
-    """Plain writes through the page cache; the sha256 in the caller's thread."""
+    """Plain writes through the page cache; the checksum in the caller's thread."""
 
     def __init__(self, path: Path):
         self._file = open(path, "wb")
-        self._sha = hashlib.sha256()
+        self._hasher = new_hasher()
 
     def write(self, view: memoryview) -> None:
-        self._sha.update(view)
+        self._hasher.update(view)
         self._file.write(view)
 
     def close(self) -> str:
         self._file.close()
-        return self._sha.hexdigest()
+        return self._hasher.hexdigest()
 
     def abort(self) -> None:
         self._file.close()
@@ -381,11 +416,10 @@ class _DirectSink:
     """Sequential writes that bypass the page cache (O_DIRECT), hashed and written in the background.
 
     `write` copies the bytes into one of a few aligned staging buffers and returns (the caller may
-    reuse its buffer at once). Each full buffer goes to two threads: one adds it to the sha256, the
-    other writes it at its aligned offset; it is free again once both are done. So the disk works
-    while the caller computes, nothing waits in the page cache for a final `sync`, hashing (the
-    slowest step, about 1.5 GB/s) runs alone on its core, and memory holds only the staging
-    buffers. `close` writes the last partial block zero-padded to the alignment, truncates the file
+    reuse its buffer at once). Each full buffer goes to two threads: one adds it to the checksum,
+    the other writes it at its aligned offset; it is free again once both are done. So the disk
+    works while the caller computes, nothing waits in the page cache for a final `sync`, hashing
+    never holds up the caller, and memory holds only the staging buffers. `close` writes the last partial block zero-padded to the alignment, truncates the file
     to its exact size and returns the digest. Where the file system refuses O_DIRECT (tmpfs, some
     network file systems), the same writes go through the page cache.
     """
@@ -396,7 +430,7 @@ class _DirectSink:
             self._fd = os.open(path, flags | os.O_DIRECT, 0o666)
         except OSError:
             self._fd = os.open(path, flags, 0o666)
-        self._sha = hashlib.sha256()
+        self._hasher = new_hasher()
         self._free: queue.Queue = queue.Queue()
         for _ in range(_DIRECT_BUFFERS):
             self._free.put(_aligned_buffer(_DIRECT_BUFFER_BYTES))
@@ -410,13 +444,13 @@ class _DirectSink:
         self._error: BaseException | None = None
         self._threads = [
             threading.Thread(target=self._drain, args=(jobs, work), name=f"{what} {path.name}", daemon=True)
-            for jobs, work, what in ((self._to_hash, self._hash, "sha256"), (self._to_write, self._pwrite, "write"))
+            for jobs, work, what in ((self._to_hash, self._hash, "checksum"), (self._to_write, self._pwrite, "write"))
         ]
         for thread in self._threads:
             thread.start()
 
     def _hash(self, buffer: np.ndarray, length: int, padded: int, offset: int) -> None:
-        self._sha.update(buffer[:length])
+        self._hasher.update(buffer[:length])
 
     def _pwrite(self, buffer: np.ndarray, length: int, padded: int, offset: int) -> None:
         data = memoryview(buffer)[:padded]
@@ -462,6 +496,8 @@ class _DirectSink:
 
     def write(self, view: memoryview) -> None:
         self._check()
+        import numpy as np
+
         data = np.frombuffer(view, dtype=np.uint8)
         done = 0
         while done < data.size:
@@ -485,7 +521,7 @@ class _DirectSink:
             self._stop()
             self._check()
             os.ftruncate(self._fd, size)
-            return self._sha.hexdigest()
+            return self._hasher.hexdigest()
         finally:
             self._release()
 
@@ -513,7 +549,7 @@ class ShardWriter:
 
     Every size is known before the first byte; `write` accepts a tensor's bytes in any number of
     chunks but only for the tensor whose turn it is, and `close` refuses a shard that is not full.
-    The sha256 of the whole file is computed as it is written. Shards of DIRECT_IO_MIN_BYTES or
+    The checksum (io.checksum.CHECKSUM) of the whole file is computed as it is written. Shards of DIRECT_IO_MIN_BYTES or
     more go to the disk with O_DIRECT, hashed and written in the background (_DirectSink); `close`
     returns once every byte is hashed and written.
     """
@@ -533,7 +569,7 @@ class ShardWriter:
         self._skip_empty()
 
     def _put(self, data) -> None:
-        self._file.write(memoryview(data).cast("B"))  # the sink keeps the sha256
+        self._file.write(memoryview(data).cast("B"))  # the sink keeps the checksum
 
     def _skip_empty(self) -> None:
         while self._index < len(self._specs) and self._specs[self._index].nbytes == 0:
@@ -549,6 +585,8 @@ class ShardWriter:
         if spec is None or spec.name != name:
             expected = spec.name if spec else "nothing (the shard is full)"
             raise RuntimeError(f"{self.path}: write of {shown(name)} out of order, expected {expected}")
+        import numpy as np
+
         if isinstance(data, np.ndarray):  # as raw bytes: memoryview cannot export ml_dtypes (bfloat16)
             data = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
         view = memoryview(data).cast("B")
@@ -562,7 +600,7 @@ class ShardWriter:
             self._skip_empty()
 
     def close(self) -> str:
-        """Finish the shard and return its sha256 hex digest."""
+        """Finish the shard and return its checksum's hex digest."""
         if self.current is not None:
             raise RuntimeError(f"{self.path}: closed before {shown(self.current.name)} was written")
         return self._file.close()

@@ -11,8 +11,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from ascendconv.errors import (
     ConfigError,
@@ -33,6 +32,9 @@ from ascendconv.errors import (
 from ascendconv.io.files import is_regular, read_json
 from ascendconv.io.rules import check_source_tensors
 from ascendconv.io.safetensors import SafetensorsHeader, TensorEntry, TensorReader, read_header
+
+if TYPE_CHECKING:
+    import numpy as np
 
 INDEX_NAME = "model.safetensors.index.json"
 SCALE_SUFFIX = ".weight_scale_inv"
@@ -296,6 +298,8 @@ class SourceCheckpoint:
 
     def read_scale(self, linear: Fp8Linear) -> np.ndarray:
         """The tile scales as float32, checked finite."""
+        import numpy as np  # not at import: commands that read only headers never need it
+
         scale = self.reader.read(linear.scale).astype(np.float32)
         if not np.isfinite(scale).all():
             bad = np.argwhere(~np.isfinite(scale))[0]

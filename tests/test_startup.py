@@ -1,0 +1,64 @@
+"""Start-up: a command imports nothing it does not use (issue 8). Timing is scripts/bench.py's job;
+this checks the cause of slow start-ups, the modules loaded, in a fresh interpreter per command."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import FIXTURES
+
+PROBE = """
+import sys
+from ascendconv.cli import app
+try:
+    app()
+finally:
+    print("MODULES", " ".join(sorted(sys.modules)), file=sys.stderr)
+"""
+HEAVY = ("numpy", "ml_dtypes", "numba", "llvmlite", "pydantic", "blake3", "importlib.metadata")
+
+
+def loaded(*argv: str) -> set[str]:
+    run = subprocess.run([sys.executable, "-c", PROBE, *argv], capture_output=True, text=True, timeout=120)
+    line = next(line for line in run.stderr.splitlines() if line.startswith("MODULES "))
+    return set(line.split()[1:])
+
+
+def heavy(modules: set[str]) -> set[str]:
+    return {m for m in modules if m.split(".")[0] in HEAVY or m in HEAVY}
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--help"],
+        ["inspect", str(FIXTURES / "qwen3-moe-fp8")],
+        ["convert", "--dry-run", str(FIXTURES / "qwen3-moe-fp8"), "unused-out"],
+    ],
+    ids=["help", "inspect", "dry-run"],
+)
+def test_header_only_commands_import_no_numerics(argv):
+    modules = loaded(*argv)
+    assert "ascendconv.cli" in modules
+    assert heavy(modules) == set()
+    assert "ascendconv.verify" not in modules and "rich.progress" not in modules
+
+
+def test_help_imports_no_command_module():
+    modules = loaded("--help")
+    assert not {"ascendconv.convert", "ascendconv.inspect", "ascendconv.verify"} & modules
+
+
+def test_the_probe_sees_numerics_when_a_command_uses_them(tmp_path):
+    """The check above can fail: verify reads tensor bytes, so numpy is loaded."""
+    out = tmp_path / "pkg"
+    subprocess.run(
+        [sys.executable, "-m", "ascendconv.cli", "convert", str(FIXTURES / "qwen3-dense-fp8"), str(out), "--quiet"],
+        check=True,
+        timeout=300,
+    )
+    modules = loaded("verify", str(out), "--quiet")
+    assert {"numpy", "ascendconv.verify"} <= modules
