@@ -26,6 +26,7 @@ from ascendconv import __version__
 from ascendconv.errors import BadOptionError, NaNCodeError, NonFiniteValueError
 from ascendconv.formats.constants import E2M1, E4M3, W4A8_MXFP
 from ascendconv.io.checksum import CHECKSUM
+from ascendconv.io.files import mapped_reads_guarded
 from ascendconv.io.outdir import StagedOutput, check_output, signals_interrupt
 from ascendconv.io.files import file_size
 from ascendconv.io.output import check_free_space, check_output_path, output_errors, space_needed
@@ -157,7 +158,7 @@ def convert(
         check()  # before anything is created; again under the lock
         check_free_space(out, package_space(source, plan))
         kernel.prepare(plan, source.quant.block, notice)
-        with output_errors(out), signals_interrupt(), StagedOutput(out, check) as staged:
+        with output_errors(out), signals_interrupt(), mapped_reads_guarded(), StagedOutput(out, check) as staged:
             digests = write_shards(source, plan, kernel, staged.staging, worker_count(options.workers), progress)
             write_package_files(source, plan, staged.staging, kernel.name, digests)
             bytes_written = sum((staged.staging / name).stat().st_size for name in digests)

@@ -137,6 +137,10 @@ class HeaderError(InputError):
     default_hint = "the file is corrupt or not a safetensors file; download it again"
 
 
+class SourceChangedError(InputError):
+    default_hint = "let whatever writes the checkpoint finish, then run again"
+
+
 class TruncatedFileError(HeaderError):
     pass
 

@@ -1635,8 +1635,21 @@ def verify(
 
     Raises `BadOptionError` (exit 2) for inconsistent options and an `InputError` (exit 3) when the
     package or the source cannot be read at all (no directory, no description, unparsable JSON).
-    Every problem of a readable package is a failed check in the report, never an exception.
+    Every problem of a readable package is a failed check in the report, never an exception; a
+    file another process truncates or opens for writing while it is mapped is SourceChangedError.
     """
+    from ascendconv.io.files import mapped_reads_guarded
+
+    with mapped_reads_guarded():
+        return _verify(package, options, progress, notice)
+
+
+def _verify(
+    package: str | os.PathLike,
+    options: VerifyOptions | None,
+    progress: Progress | None,
+    notice: Notice | None,
+) -> VerifyReport:
     from ascendconv.io.source import SourceCheckpoint
 
     started = time.perf_counter()

@@ -257,3 +257,41 @@ def test_refusals_are_checked_before_anything_is_created(fixture_copy, tmp_path)
     with pytest.raises(UnsafeOutputError):
         convert(src, src / "a" / "b" / "out", ConvertOptions())
     assert not (src / "a").exists()
+
+
+def test_a_source_shard_cut_short_mid_run_is_a_named_error(tmp_path):
+    """Truncating a mapped file would kill the process with SIGBUS; the read lease turns it into a
+    SourceChangedError naming the shard, and the truncation waits until the mappings are gone."""
+    src = write_large_checkpoint(tmp_path / "src")
+    out = tmp_path / "out"
+    process = start_convert(src, out)
+    wait_for_first_shard(out, process)
+    shard = src / "model-00002-of-00002.safetensors"
+    os.truncate(shard, 1_000_000)  # blocks until the converter has let go of the file
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 3, stderr
+    assert f"{shard}: another process opened it for writing or truncated it" in stderr
+    assert "Traceback" not in stderr and "Bus error" not in stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+    assert shard.stat().st_size == 1_000_000
+
+
+def test_mapped_reads_guard_names_the_file_a_writer_takes(tmp_path):
+    from ascendconv.errors import SourceChangedError
+    from ascendconv.io.files import mapped_reads_guarded
+    from ascendconv.io.safetensors import TensorReader, read_header
+
+    src = write_large_checkpoint(tmp_path / "src", shards=1, linears_per_shard=1, n=256, k=1024)
+    shard = src / "model-00001-of-00001.safetensors"
+    entry = next(iter(read_header(shard).tensors.values()))
+    writer = None
+    with pytest.raises(SourceChangedError, match=f"{shard}: another process opened it for writing"):
+        with mapped_reads_guarded(), TensorReader() as reader:
+            data = reader.map_range(entry, 0, entry.nbytes)
+            writer = subprocess.Popen([sys.executable, "-c", f"import os; os.truncate({str(shard)!r}, 10)"])
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:  # the SIGIO handler raises here
+                time.sleep(0.01)
+            del data
+    assert writer.wait(timeout=30) == 0  # the truncation went ahead once the lease was released
+    assert shard.stat().st_size == 10

@@ -13,6 +13,7 @@ import errno
 import hashlib
 import mmap
 import os
+from pathlib import Path
 
 CHECKSUM = "blake3"  # what convert records
 ALGORITHMS = ("blake3", "sha256")  # what verify can check
@@ -48,17 +49,21 @@ def file_digest(path: str | os.PathLike, algorithm: str, window: int = 64 * 2**2
     """Hex digest of a whole file, hashed straight from the page cache: mapped `window` bytes at a
     time and populated at once (MADV_POPULATE_READ), with no copy, so that BLAKE3 hashes on every
     core at about the speed `cat` reads. A file that shrinks while it is read raises OSError."""
-    from ascendconv.io.files import open_regular
+    from ascendconv.io.files import lease, open_regular, unlease
 
     hasher = new_hasher(algorithm)
     fd, size = open_regular(path)  # never a FIFO or a device: no end to those
-    with open(fd, "rb", buffering=0) as f:
+    lease(fd, Path(path))
+    try:
         for offset in range(0, size, window):
-            with mmap.mmap(f.fileno(), min(window, size - offset), access=mmap.ACCESS_READ, offset=offset) as mapped:
+            with mmap.mmap(fd, min(window, size - offset), access=mmap.ACCESS_READ, offset=offset) as mapped:
                 try:
                     mapped.madvise(_MADV_POPULATE_READ)
                 except OSError as exc:  # EFAULT: pages past the end (the file shrank); EINVAL: an old kernel
                     if exc.errno == errno.EFAULT:
                         raise OSError(errno.EIO, f"{path} shrank while it was being read") from exc
                 hasher.update(mapped)
+    finally:
+        unlease(fd)
+        os.close(fd)
     return hasher.hexdigest()

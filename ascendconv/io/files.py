@@ -8,12 +8,17 @@ of thousands of digits, nesting thousands deep) ends in a named error instead of
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+import signal
 import stat
+import threading
 from pathlib import Path
+from typing import Iterator
 
-from ascendconv.errors import AscendconvError, NotRegularFileError, clip
+from ascendconv.errors import AscendconvError, NotRegularFileError, SourceChangedError, clip
 
 MAX_JSON_BYTES = 64 * 2**20  # config, index, description, provenance: a few MB at the largest
 # Real configs nest a few levels; the bound keeps every later walk of the value (repr, json.dumps,
@@ -134,3 +139,78 @@ def read_json_object(path: Path, error: type[AscendconvError]) -> dict:
     if not isinstance(data, dict):
         raise error(f"{path}: a JSON {type(data).__name__}, not an object")
     return data
+
+
+# --- mapped reads that a writer cannot pull from under us ---------------------------------------
+
+_F_SETLEASE = getattr(fcntl, "F_SETLEASE", 1024)
+_F_GETLEASE = getattr(fcntl, "F_GETLEASE", 1025)
+_leased: dict[int, Path] | None = None  # fd -> file, while a guard is active
+_leased_lock = threading.Lock()
+
+
+def lease(fd: int, path: Path) -> None:
+    """Under `mapped_reads_guarded`, take a read lease on a file about to be mapped."""
+    with _leased_lock:
+        if _leased is None:
+            return
+        try:
+            fcntl.fcntl(fd, _F_SETLEASE, fcntl.F_RDLCK)
+        except OSError:  # EAGAIN: open for writing elsewhere; EACCES: not ours; EINVAL: no leases here
+            return
+        _leased[fd] = path
+
+
+def unlease(fd: int) -> None:
+    """Before closing a leased descriptor: a mapping keeps the open file, and so its lease, alive
+    after the descriptor is closed, so the lease is released here, explicitly."""
+    with _leased_lock:
+        if _leased is not None and _leased.pop(fd, None) is not None:
+            with contextlib.suppress(OSError):
+                fcntl.fcntl(fd, _F_SETLEASE, fcntl.F_UNLCK)
+
+
+def _lease_breaking(fd: int) -> bool:
+    """A read lease being broken reads back as F_UNLCK, the type it is being broken to."""
+    try:
+        return fcntl.fcntl(fd, _F_GETLEASE) == fcntl.F_UNLCK
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def mapped_reads_guarded() -> Iterator[None]:
+    """While inside, a file mapped for reading cannot be cut short under us unnoticed.
+
+    Touching a mapped page past a file's new end raises SIGBUS, which kills the process without a
+    word. So each file opened for mapped reads (`lease`) carries a read lease: the kernel holds back
+    another process's open-for-writing or truncate of it and tells us with SIGIO, whose handler
+    raises SourceChangedError naming the file; the run stops, its mappings go, and only when the
+    leases are released does the writer proceed. Where a lease cannot be had (the file is already
+    open for writing, a network filesystem, a thread other than the main one, which alone handles
+    signals) reads go unguarded, as before.
+    """
+    global _leased
+    if threading.current_thread() is not threading.main_thread() or _leased is not None:
+        yield
+        return
+
+    def changed(signum, frame) -> None:
+        with _leased_lock:
+            breaking = [path for fd, path in (_leased or {}).items() if _lease_breaking(fd)]
+        raise SourceChangedError(
+            f"{breaking[0] if breaking else 'a file being read'}: another process opened it for writing or "
+            "truncated it while it was being read"
+        )
+
+    previous = signal.signal(signal.SIGIO, changed)
+    _leased = {}
+    try:
+        yield
+    finally:
+        with _leased_lock:
+            for fd in _leased:
+                with contextlib.suppress(OSError):
+                    fcntl.fcntl(fd, _F_SETLEASE, fcntl.F_UNLCK)
+            _leased = None
+        signal.signal(signal.SIGIO, previous)

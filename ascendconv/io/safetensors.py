@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from ascendconv.errors import HeaderError, TruncatedFileError, shown
 from ascendconv.io.checksum import new_hasher
-from ascendconv.io.files import open_regular, parse_json_bytes
+from ascendconv.io.files import lease, open_regular, parse_json_bytes, unlease
 
 if TYPE_CHECKING:
     import numpy as np
@@ -271,6 +271,7 @@ class TensorReader:
                     fd, _ = open_regular(path)  # O_NONBLOCK: never waits on a FIFO put in the file's place
                     if hasattr(os, "posix_fadvise"):  # tensors are read front to back: read ahead generously
                         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+                    lease(fd, path)  # mapped reads: see files.mapped_reads_guarded
                     self._fds[path] = fd
         return fd
 
@@ -334,6 +335,7 @@ class TensorReader:
 
     def close(self) -> None:
         for fd in self._fds.values():
+            unlease(fd)
             os.close(fd)
         self._fds.clear()
 
