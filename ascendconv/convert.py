@@ -100,7 +100,7 @@ class Kernel:
         if name == "reference":
             from ascendconv.formats import requantize as impl
         elif name == "numba":
-            from ascendconv.formats import kernels as impl
+            from ascendconv import kernels as impl
         else:
             raise BadOptionError(f"unknown kernel {name!r}", f"choose one of {', '.join(KERNELS)}")
         self.name = name
@@ -113,7 +113,7 @@ class Kernel:
         thread starts; the first time, say so through `notice`, then say how long it took."""
         if self.name != "numba":
             return
-        from ascendconv.formats.kernels import compile_entry_points, entry_points_for
+        from ascendconv.kernels import compile_entry_points, entry_points_for
 
         kinds = {t.kind for t in plan.tensors}
         compile_entry_points(entry_points_for("mx_weight" in kinds, "resolve" in kinds, block), notice)

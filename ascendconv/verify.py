@@ -1161,7 +1161,7 @@ class _Rederive:
         self.rows_of = 0  # rows of the weights compared
         self._lock = threading.Lock()
         self._local = threading.local()
-        from ascendconv.formats import kernels
+        from ascendconv import kernels
 
         self.kernels = kernels
         kinds = {m.label for m in lay.modules.values()}

@@ -23,7 +23,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from numba import njit
 
-from ascendconv.formats import elements, kernels, mx, requantize, resolve
+from ascendconv import kernels
+from ascendconv.formats import elements, mx, requantize, resolve
 from ascendconv.formats.metrics import ErrorAccumulator
 from conftest import FIXTURES, file_digest
 from ascendconv.formats.constants import E2M1, E4M3, SCALE_RULES
@@ -525,7 +526,7 @@ def test_kernels_are_cached_and_release_the_gil():
         assert dispatcher.targetoptions.get("fastmath") in (None, False, set())
     # a fresh interpreter loads the compiled code from the cache instead of compiling it again
     probe = (
-        "import ascendconv.formats.kernels as k;"
+        "import ascendconv.kernels as k;"
         "ds = [k.ENTRY_POINTS[n].dispatcher for n in k.ENTRY_POINTS];"
         "print(sum(len(d.stats.cache_hits) for d in ds), sum(len(d.stats.cache_misses) for d in ds))"
     )
@@ -536,7 +537,7 @@ def test_kernels_are_cached_and_release_the_gil():
 
 def test_importing_the_kernels_compiles_nothing(tmp_path):
     """Entry points compile on first use: an import with an empty cache leaves it empty."""
-    probe = "import ascendconv.formats.kernels as k; print(sum(e._dispatcher is not None for e in k.ENTRY_POINTS.values()))"
+    probe = "import ascendconv.kernels as k; print(sum(e._dispatcher is not None for e in k.ENTRY_POINTS.values()))"
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, env=env)
     assert result.stdout.split() == ["0"]
