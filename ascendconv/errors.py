@@ -10,7 +10,7 @@ EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INPUT = 3
-EXIT_OUTPUT = 4
+EXIT_ENVIRONMENT = 4  # this machine cannot do what was asked: write OUT, run on an NPU
 EXIT_INTERRUPTED = 130
 
 # Names, labels and values in messages come from files anyone can write; one of 16 MB would make
@@ -201,11 +201,23 @@ class NotRegularFileError(HeaderError):
     default_hint = "replace it with the regular file it stands for (a FIFO or device is never read)"
 
 
-# --- the output could not be written (exit 4) -------------------------------------------------
+# --- the environment cannot do what was asked (exit 4) ----------------------------------------
 
 
-class OutputWriteError(AscendconvError):
-    exit_code = EXIT_OUTPUT
+class EnvironmentProblem(AscendconvError):
+    """Neither the input nor the options are at fault: this machine lacks what the run needs."""
+
+    exit_code = EXIT_ENVIRONMENT
+
+
+class NpuUnavailableError(EnvironmentProblem):
+    default_hint = (
+        "run on an Ascend 950 with torch_npu and vllm-ascend installed (pip install 'ascendconv[npu]'), "
+        "or drop --on-npu"
+    )
+
+
+class OutputWriteError(EnvironmentProblem):
     default_hint = "free space, raise the file-size limit or choose another OUT; nothing was left at OUT"
 
 

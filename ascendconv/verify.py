@@ -37,7 +37,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from ascendconv.errors import BadOptionError, clip, shown
+from ascendconv.errors import BadOptionError, NpuUnavailableError, clip, shown
 from ascendconv.formats import elements, mx, requantize, resolve
 from ascendconv.npu import reference as gmm_situ
 from ascendconv.npu.reference import GmmSituInputs
@@ -1553,22 +1553,35 @@ def compare_npu_output(
     return rel, float(np.mean(rc == gc)) if rc.size else 1.0, float(np.mean(rs == gs)) if rs.size else 1.0
 
 
-def _run_npu(lay: _Layout, options: VerifyOptions, progress: Progress | None) -> tuple[Check, list[NpuReport]]:
-    from ascendconv import npu
-
-    layers = moe_layers(lay.description)
+def _npu_layers(lay: _Layout) -> dict[str, dict]:
+    """The W4A8_MXFP MoE layers GroupedMatmulSituQuant can run on."""
     w4 = {}
-    for layer, names in layers.items():
+    for layer, names in moe_layers(lay.description).items():
         why, quant_type = _layer_problem(lay, layer, names, None)
         if why is None and quant_type == W4A8_MXFP:
             w4[layer] = names
-    if not w4:
-        return _skip("npu", "no W4A8_MXFP MoE layer: GroupedMatmulSituQuant runs only on W4A8_MXFP experts"), []
+    return w4
+
+
+def require_npu(lay: _Layout) -> None:
+    """--on-npu on a machine that cannot run the operator is the environment's problem (exit 4),
+    told before any other check spends time, never a failed check of the package."""
+    from ascendconv import npu
+
+    if not _npu_layers(lay):
+        return
     ok, reason = npu.npu_available()
     if not ok:
-        check = _make_check("npu", [f"cannot run GroupedMatmulSituQuant on an NPU here: {reason}"], "")
-        check.hint = "run on an Ascend 950 with torch_npu and vllm-ascend installed, or drop --on-npu"
-        return check, []
+        raise NpuUnavailableError(f"--on-npu: GroupedMatmulSituQuant cannot run here: {reason}")
+
+
+def _run_npu(lay: _Layout, options: VerifyOptions, progress: Progress | None) -> tuple[Check, list[NpuReport]]:
+    from ascendconv import npu
+
+    w4 = _npu_layers(lay)
+    if not w4:
+        return _skip("npu", "no W4A8_MXFP MoE layer: GroupedMatmulSituQuant runs only on W4A8_MXFP experts"), []
+    _, reason = npu.npu_available()  # available: require_npu said so before the other checks
     chosen = sample_layers(list(w4), options.moe_layers)
     problems, reports = [], []
     with TensorReader() as reader:
@@ -1659,6 +1672,8 @@ def _verify(
     source = SourceCheckpoint.open(options.source) if options.source is not None else None
     try:
         lay = _Layout(pkg)
+        if options.on_npu:
+            require_npu(lay)
         checks = [
             check_files(lay),
             check_config(lay),

@@ -22,6 +22,7 @@ from ascendconv.npu.reference import GmmSituInputs
 from ascendconv.formats.constants import E2M1, E4M3
 from ascendconv.io.safetensors import TensorReader, read_header
 from ascendconv.io.source import SourceCheckpoint
+from ascendconv.errors import NpuUnavailableError
 from ascendconv.verify import VerifyOptions, verify
 from conftest import FIXTURE_NAMES, FIXTURES, SCHEMES, file_digest, load_shard, save_shard
 
@@ -770,23 +771,27 @@ def test_moe_threshold_and_sampling(converted):
 # --- --on-npu ------------------------------------------------------------------------------------
 
 
-def test_on_npu_without_an_npu_fails_with_the_reason(converted, monkeypatch):
+def test_on_npu_without_an_npu_is_the_environments_problem_exit_4(converted, monkeypatch):
     monkeypatch.setattr(npu_module, "npu_available", lambda: (False, "no NPU device is visible (test)"))
     pkg = converted(MOE, "w4a8-mxfp-moe")
-    report = verify(pkg, VerifyOptions(on_npu=True))
-    assert failed(report) == {"npu"}
-    assert "cannot run GroupedMatmulSituQuant on an NPU here: no NPU device is visible (test)" in problems(report, "npu")
+    with pytest.raises(NpuUnavailableError, match="cannot run here: no NPU device is visible"):
+        verify(pkg, VerifyOptions(on_npu=True))
     result = run_verify(pkg, "--on-npu")
-    assert result.exit_code == 1 and "no NPU device is visible" in result.stdout
+    assert result.exit_code == 4 and "no NPU device is visible" in result.stderr
+    assert "ascendconv[npu]" in result.stderr  # how to get what is missing
+    result = run_verify(pkg, "--on-npu", "--json")
+    assert result.exit_code == 4 and json.loads(result.stdout.splitlines()[0])["error"] == "NpuUnavailableError"
 
 
 def test_on_npu_real_probe(converted):
     """Whatever this machine is, --on-npu never crashes; without an NPU it names npu_available's reason."""
-    report = verify(converted(MOE, "w4a8-mxfp-moe"), VerifyOptions(on_npu=True))
     available, reason = npu_module.npu_available()
-    check = report.check("npu")
-    if not available:
-        assert not check.ok and reason in check.detail
+    if available:
+        assert verify(converted(MOE, "w4a8-mxfp-moe"), VerifyOptions(on_npu=True)).check("npu").ok
+    else:
+        with pytest.raises(NpuUnavailableError) as raised:
+            verify(converted(MOE, "w4a8-mxfp-moe"), VerifyOptions(on_npu=True))
+        assert reason in raised.value.message
 
 
 def test_on_npu_not_applicable_without_w4a8_experts(converted, monkeypatch):
