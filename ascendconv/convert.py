@@ -483,7 +483,7 @@ def _linear_items(
 
 
 def strip_quantization_config(config: dict) -> dict:
-    """config.json for the package: vLLM must not see the FP8 quantization_config (spec section 3)."""
+    """config.json for the package: vLLM must not see the FP8 quantization_config (contract section 3)."""
     config = {k: v for k, v in config.items() if k != "quantization_config"}
     if isinstance(config.get("text_config"), dict):
         config["text_config"] = {k: v for k, v in config["text_config"].items() if k != "quantization_config"}

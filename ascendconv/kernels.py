@@ -5,7 +5,7 @@ their numpy counterparts in `requantize.py` (the reference, built on resolve.py 
 optional keyword `out` to write into a caller's buffer; tests/test_kernels.py proves the bytes
 equal on random and adversarial inputs, on every path below.
 
-How it is fast (spec 4, "byte-domain conversion"):
+How it is fast (contract section 4, "byte-domain conversion"):
 
 - A source tile has one scale ``s``, so a resolved value is a function of its code alone:
   ``val[c] = R(float32(fp8(c)) * s)`` (R = BF16 round-nearest-even or nothing): one 256-entry

@@ -28,13 +28,13 @@ PROVENANCE_NAME = "ascendconv_provenance.json"
 DEFAULT_MAX_SHARD_SIZE = 4 * 1024**3  # msModelSlim's part_file_size
 
 ROUTED_EXPERT = re.compile(r"^(?P<layer>.*\.mlp)\.experts\.\d+\.(gate_proj|up_proj|down_proj)$")
-# Modules the runtime fuses into one parameter: they must share one type (spec section 3).
+# Modules the runtime fuses into one parameter: they must share one type (contract section 3).
 PACKED_GROUPS = (
     (re.compile(r"^(?P<base>.*)\.(q_proj|k_proj|v_proj)$"), "qkv_proj"),
     (re.compile(r"^(?P<base>.*)\.(gate_proj|up_proj)$"), "gate_up_proj"),
     (re.compile(r"^(?P<base>.*)\.(q_a_proj|kv_a_proj_with_mqa)$"), "fused_qkv_a_proj"),
 )
-# vllm-ascend absorbs MLA's kv_b_proj into attention and keeps it in float (spec section 3).
+# vllm-ascend absorbs MLA's kv_b_proj into attention and keeps it in float (contract section 3).
 FLOAT_BY_DEFAULT = re.compile(r"\.kv_b_proj$")
 
 # Files of the source directory never carried into the package: weights in any format, and the

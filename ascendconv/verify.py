@@ -1,4 +1,4 @@
-"""Structural, integrity and numerical checks of an AscendV1 package (spec sections 3-5).
+"""Structural, integrity and numerical checks of an AscendV1 package (contract sections 3-5).
 
 `verify(path, options, progress)` returns a `VerifyReport`: a list of named `Check`s (each with
 every problem it found, the tensor or file it concerns, and what to do), per-tensor error figures

@@ -1,4 +1,4 @@
-"""Every source error of spec section 1 fails with exit code 3, names file and tensor, leaves no OUT."""
+"""Every source error of contract section 1 fails with exit code 3, names file and tensor, leaves no OUT."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The CPU reference of GroupedMatmulSituQuant (spec section 5) against an independent float64 path,
+"""The CPU reference of GroupedMatmulSituQuant (contract section 5) against an independent float64 path,
 the scale pairing layouts, input validation, and the CPU-testable parts of the NPU path.
 
 The float64 path below shares no code with the project: element grids, FP4 unpacking, E8M0, the
@@ -15,7 +15,7 @@ Tolerances (stated once, used below):
 - quantized output: relative L2 of dequantized y against the float64 SiTU output < 0.05 (E4M3
   floor alone costs ~0.03); the float64 output quantized by the independent quantizer agrees
   with the reference in >= 95 % of codes and of scale bytes, and a code that differs under an
-  equal scale is one step away ("the float64 output" here is the float64 chain with the spec's
+  equal scale is one step away ("the float64 output" here is the float64 chain with the contract's
   two BF16 roundings, rounded by an independent bf16_round_64; without them, a group whose
   maximum sits just below a power of two -- common where tanh saturates -- changes binade);
 - quantization stage alone: the independent quantizer applied to the reference's own BF16
@@ -210,7 +210,7 @@ def case(request):
     w64 = dequant_weights_64(w_packed, w_scales)
     h64 = grouped_matmul_64(x64, w64, gs.tolist())
     out64 = situ_64(h64, beta, linear_beta)
-    # the chain of the spec in float64: the same two BF16 roundings, float64 arithmetic elsewhere
+    # the chain of the contract in float64: the same two BF16 roundings, float64 arithmetic elsewhere
     out64_bf16 = bf16_round_64(situ_64(bf16_round_64(h64), beta, linear_beta))
     return types.SimpleNamespace(
         x_codes=x_codes, x_scales=x_scales, w_packed=w_packed, w_scales=w_scales, gs=gs,

@@ -153,7 +153,7 @@ def test_cli_renders_tables(converted):
 
 
 def test_exact_power_of_two_source_is_lossless(converted):
-    """DeepSeek-style ue8m0 tile scales: MXFP8 under rceil converts without loss (spec 4)."""
+    """DeepSeek-style ue8m0 tile scales: MXFP8 under rceil converts without loss (contract section 4)."""
     report = verify(converted(DEEPSEEK, "w8a8-mxfp8", "rceil"), VerifyOptions(source=FIXTURES / DEEPSEEK))
     mx8 = [t for t in report.tensors if t.type == "W8A8_MXFP8"]
     assert mx8 and all(t.rel_err == 0 and math.isinf(t.sqnr_db) for t in mx8)

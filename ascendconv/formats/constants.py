@@ -1,13 +1,13 @@
-"""Format facts shared by every numerics module (spec = shared/spec/ascendv1-mx-contract.md)."""
+"""Format facts shared by every numerics module (the contract: docs/contract.md)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-# MX groups are 32 consecutive values of one row along K (spec 4; OCP MX block size).
+# MX groups are 32 consecutive values of one row along K (contract section 4; OCP MX block size).
 GROUP_SIZE = 32
 
-# E8M0 scale byte b means 2**(b - 127); byte 255 is NaN and is never written (spec 3).
+# E8M0 scale byte b means 2**(b - 127); byte 255 is NaN and is never written (contract section 3).
 E8M0_BIAS = 127
 E8M0_NAN = 255
 E8M0_MAX_FINITE = 254
@@ -16,7 +16,7 @@ E8M0_MAX_FINITE = 254
 @dataclass(frozen=True)
 class ElementFormat:
     """An MX element format: ``max_value`` = largest finite magnitude, ``emax`` = its unbiased
-    exponent (the ``emax`` of the spec 4 floor rule), ``bits`` = storage width of one code."""
+    exponent (the ``emax`` of the contract section 4 floor rule), ``bits`` = storage width of one code."""
 
     name: str
     max_value: float
@@ -30,23 +30,23 @@ class ElementFormat:
         return 1 << (self.bits - 1)
 
 
-# OCP float8_e4m3fn: max 448 = 1.75 * 2**8 (spec 4: emax 8, max 448).
+# OCP float8_e4m3fn: max 448 = 1.75 * 2**8 (contract section 4: emax 8, max 448).
 E4M3 = ElementFormat(name="e4m3", max_value=448.0, emax=8, mantissa_bits=3, bits=8)
-# OCP float4_e2m1fn: max 6 = 1.5 * 2**2 (spec 4: emax 2, max 6).
+# OCP float4_e2m1fn: max 6 = 1.5 * 2**2 (contract section 4: emax 2, max 6).
 E2M1 = ElementFormat(name="e2m1", max_value=6.0, emax=2, mantissa_bits=1, bits=4)
 
-# Shared-exponent rules of spec 4.
+# Shared-exponent rules of contract section 4.
 SCALE_RULES = ("floor", "rceil", "mse")
 
-# Quant type strings of quant_model_description.json (spec 3 table; "W4A8_MXFP", not "...MXFP4").
+# Quant type strings of quant_model_description.json (contract section 3 table; "W4A8_MXFP", not "...MXFP4").
 W8A8_MXFP8 = "W8A8_MXFP8"
 W4A8_MXFP = "W4A8_MXFP"
 FLOAT = "FLOAT"
 
-# E2M1 magnitudes; a code is sign << 3 | index into this grid (spec 3).
+# E2M1 magnitudes; a code is sign << 3 | index into this grid (contract section 3).
 E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
-# float8_e4m3fn has no infinities; S.1111.111 is NaN (spec 1 lists 0x7F / 0xFF as invalid payload).
+# float8_e4m3fn has no infinities; S.1111.111 is NaN (contract section 1 lists 0x7F / 0xFF as invalid payload).
 E4M3_NAN_CODES = (0x7F, 0xFF)
 
 # Code of the largest magnitude, sign bit clear: 0x7E = 448 for E4M3, index 7 = 6 for E2M1.

@@ -81,7 +81,7 @@ def decode_e2m1(codes) -> np.ndarray:
 
 def pack_fp4(codes) -> np.ndarray:
     """E2M1 codes ``[..., K]`` (K even) -> bytes ``[..., K//2]``: element 2j in the low nibble of
-    byte j, element 2j+1 in the high nibble (spec 3)."""
+    byte j, element 2j+1 in the high nibble (contract section 3)."""
     codes = _as_codes(codes, "FP4 codes")
     if codes.ndim == 0 or codes.shape[-1] % 2:
         raise ValueError(f"pack_fp4 needs an even last dimension, got shape {codes.shape}")

@@ -1,4 +1,4 @@
-"""The numpy REFERENCE of MX quantization (spec 4): shared exponents, element codes, dequantize.
+"""The numpy REFERENCE of MX quantization (contract section 4): shared exponents, element codes, dequantize.
 
 Every other implementation (numba kernels, NPU checks) must reproduce these bytes exactly.
 

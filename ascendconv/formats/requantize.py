@@ -1,7 +1,7 @@
 """One step of the conversion, in numpy: FP8 source rows -> MX payload rows (the reference).
 
 `requantize_rows` is the function every faster kernel must match bit for bit: it composes the
-tile resolve (resolve.py) and the MX quantizer (mx.py) exactly as the spec defines them.
+tile resolve (resolve.py) and the MX quantizer (mx.py) exactly as the contract (docs/contract.md) defines them.
 """
 
 from __future__ import annotations

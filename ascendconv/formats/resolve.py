@@ -1,4 +1,4 @@
-"""Block-FP8 tile resolve (spec 4): ``W[i, j] = float32(fp8[i, j]) * float32(s[i // bn, j // bk])``,
+"""Block-FP8 tile resolve (contract section 4): ``W[i, j] = float32(fp8[i, j]) * float32(s[i // bn, j // bk])``,
 an IEEE float32 multiply, then optionally nearest-even BF16 rounding (vllm-ascend's
 ``resolve_block_scales`` on load)."""
 

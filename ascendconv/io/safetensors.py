@@ -1,4 +1,4 @@
-"""The safetensors container, read and written by hand (spec section 2).
+"""The safetensors container, read and written by hand (contract section 2).
 
 `u64 little-endian header length | UTF-8 JSON header | data`. The `safetensors` package cannot hand
 F8 tensors to numpy and cannot write a file tensor by tensor, so this module parses and validates

@@ -1,7 +1,7 @@
 """The source side: a Hugging Face checkpoint directory, its config and its validated tensor map.
 
 `SourceCheckpoint.open` reads config.json and every shard header (never tensor data) and pairs each
-F8_E4M3 weight with its `weight_scale_inv` (spec section 1). Value checks that need data (finite
+F8_E4M3 weight with its `weight_scale_inv` (contract section 1). Value checks that need data (finite
 scales, NaN codes) happen where the data is read: `read_scale` here, the codes in convert.
 """
 

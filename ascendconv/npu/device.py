@@ -5,7 +5,7 @@ This module is the only place in the project that touches ``torch`` / ``torch_np
 machine without them. Layout conversions (scale pairing) come from
 :mod:`ascendconv.npu.reference`; nothing here re-implements numerics.
 
-Facts marked *(assumed)* in the spec are named constants below, so that a correction is one change.
+Facts marked *(assumed)* in the contract (docs/contract.md) are named constants below, so that a correction is one change.
 """
 
 from __future__ import annotations
