@@ -57,7 +57,9 @@ def run(action: Callable[[], object], as_json: bool) -> object:
     except KeyboardInterrupt as exc:
         what = f"by {signal.Signals(exc.signum).name}" if isinstance(exc, Interrupted) else ""
         outcome = getattr(exc, "outcome", None)
-        err.print(f"[bold red]interrupted[/] {what}" + (f": {escape(outcome)}" if outcome else ""), highlight=False)
+        err.print(
+            f"[bold red]interrupted[/] {what}" + (f": {escape(outcome)}" if outcome else ""), highlight=False, soft_wrap=True
+        )
         raise typer.Exit(exc.exit_code if isinstance(exc, Interrupted) else EXIT_INTERRUPTED)
 
 
@@ -109,9 +111,16 @@ def convert(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty OUT."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no table."),
+    resume: bool = typer.Option(
+        False, "--resume", help="Keep finished shards if the run stops; reuse those an earlier --resume run kept."
+    ),
+    part: Optional[str] = typer.Option(
+        None, metavar="I/N", help="Write only part I of N into OUT (a part directory); join parts with `assemble`."
+    ),
 ) -> None:
     """Convert a block-FP8 checkpoint into an AscendV1 W8A8_MXFP8 / W4A8_MXFP package."""
     from ascendconv.convert import ConvertOptions, convert as run_convert
+    from ascendconv.parts import parse_part
     from ascendconv.io.hfcache import resolve_source
     from ascendconv.plan import Override, parse_size
 
@@ -130,6 +139,8 @@ def convert(
             kernel=kernel,
             workers=workers,
             overwrite=overwrite,
+            resume=resume,
+            part=parse_part(part) if part is not None else None,
         )
         bar, progress = byte_progress(not quiet and not dry_run and err.is_terminal, "converting")
         if bar is None:
@@ -148,7 +159,11 @@ def render_convert(result) -> None:
     """What became what (module groups), shards when planning, fallbacks, and the totals."""
     plan = result.plan
     head = "plan (dry run, nothing written)" if result.dry_run else f"wrote {result.output}"
+    if result.part:
+        head += f" (part {result.part[0]} of {result.part[1]}: {_plural(len(result.shard_sha256), 'shard')})"
     out.print(Text(head, style="bold"))
+    if result.reused_shards:
+        out.print(f"resumed: {_plural(len(result.reused_shards), 'finished shard')} reused, the rest converted")
     rows = [[pattern, str(sum(types.values())), _types_cell(types)] for pattern, types in plan.module_groups().items()]
     _section(out, "FP8 linears, by module (layer and expert numbers as *)")
     out.print(_fit_table(out, ["module", "n", "written as"], rows, right=(1,)))

@@ -27,11 +27,12 @@ from ascendconv.errors import BadOptionError, NaNCodeError, NonFiniteValueError
 from ascendconv.formats.constants import E2M1, E4M3, W4A8_MXFP
 from ascendconv.io.checksum import CHECKSUM
 from ascendconv.io.files import mapped_reads_guarded
-from ascendconv.io.outdir import StagedOutput, check_output, signals_interrupt
+from ascendconv.io.outdir import STAGING_TAG, StagedOutput, check_output, signals_interrupt, stale_siblings
 from ascendconv.io.files import file_size
 from ascendconv.io.output import check_free_space, check_output_path, output_errors, space_needed
 from ascendconv.io.safetensors import ShardWriter, TensorEntry, nonfinite_count
 from ascendconv.io.source import Fp8Linear, SourceCheckpoint, find_quantization_config
+from ascendconv.parts import PART_MANIFEST_NAME, part_shards, write_part_manifest
 from ascendconv.plan import (
     DEFAULT_MAX_SHARD_SIZE,
     DESCRIPTION_NAME,
@@ -42,6 +43,7 @@ from ascendconv.plan import (
     Plan,
     make_plan,
 )
+from ascendconv.resume import LEDGER_NAME, Ledger, adopter, plan_identity, reusable_shards, sha256_hex
 
 if TYPE_CHECKING:
     import numpy as np
@@ -66,6 +68,8 @@ class ConvertOptions:
     kernel: str = "numba"
     workers: int = 0  # 0: the machine's cores
     overwrite: bool = False
+    resume: bool = False  # keep staging on failure; reuse the finished shards of a kept one
+    part: tuple[int, int] | None = None  # (I, N): write only part I of N (see parts.py)
 
     def __post_init__(self) -> None:
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 0:
@@ -81,6 +85,8 @@ class ConvertResult:
     dry_run: bool
     shard_checksums: dict[str, str]  # shard file -> hex digest (io.checksum.CHECKSUM)
     bytes_written: int
+    reused_shards: list[str] = field(default_factory=list)  # kept from an interrupted run (--resume)
+    part: tuple[int, int] | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -90,6 +96,9 @@ class ConvertResult:
             **self.plan.to_dict(),
             "bytes_out": self.bytes_written if not self.dry_run else self.plan.bytes_out,
             "seconds": round(self.seconds, 3),
+            "part": list(self.part) if self.part else None,
+            "written_shards": sorted(self.shard_sha256.keys() - set(self.reused_shards)),
+            "reused_shards": self.reused_shards,
         }
 
 
@@ -148,22 +157,41 @@ def convert(
     source = SourceCheckpoint.open(src)
     try:
         plan = plan_for(source, options)
+        wanted = part_shards(plan, options.part)
         if options.kernel not in KERNELS:
             raise BadOptionError(f"unknown kernel {options.kernel!r}", f"choose one of {', '.join(KERNELS)}")
         if dry_run:  # no kernel: importing (let alone compiling) one is most of a dry run's time
-            return ConvertResult(out, plan, options.kernel, time.perf_counter() - started, True, {}, 0)
+            return ConvertResult(out, plan, options.kernel, time.perf_counter() - started, True, {}, 0, part=options.part)
         kernel = Kernel(options.kernel)
-        check = lambda: check_output(out, source.root, options.overwrite, DESCRIPTION_NAME)  # noqa: E731
+        with mapped_reads_guarded():  # the provenance counts NaN/Inf in copied tensors, read mapped
+            provenance = provenance_base(source, plan, kernel.name)
+        identity = plan_identity(provenance, plan, options, copied_file_digests(source, plan))
+        marker = PART_MANIFEST_NAME if options.part else DESCRIPTION_NAME
+        check = lambda: check_output(out, source.root, options.overwrite, marker)  # noqa: E731
         check_output_path(out)  # first: names too long for the file system make stat() itself fail
         check()  # before anything is created; again under the lock
-        check_free_space(out, package_space(source, plan))
+        check_free_space(out, space_to_write(source, plan, wanted, out, options.resume))
         kernel.prepare(plan, source.quant.block, notice)
-        with output_errors(out), signals_interrupt(), mapped_reads_guarded(), StagedOutput(out, check) as staged:
-            digests = write_shards(source, plan, kernel, staged.staging, worker_count(options.workers), progress)
-            write_package_files(source, plan, staged.staging, kernel.name, digests)
+        adopt = adopter(identity, out, options.overwrite) if options.resume else None
+        workers = worker_count(options.workers)
+        with output_errors(out), signals_interrupt(), mapped_reads_guarded(), StagedOutput(out, check, adopt) as staged:
+            files = [plan.shards[i].file for i in wanted]
+            reused = reusable_shards(staged.staging, files, workers) if staged.resumed else {}
+            ledger = Ledger(staged.staging, identity, reused) if options.resume else None
+            todo = [i for i in wanted if plan.shards[i].file not in reused]
+            written = write_shards(
+                source, plan, kernel, staged.staging, workers, progress, todo, ledger.record if ledger else None
+            )
+            digests = {**reused, **written}
+            if options.part:
+                small_files = write_plan_files(source, plan, staged.staging)
+                write_part_manifest(staged.staging, identity, options.part, digests, small_files)
+            else:
+                write_package_files(source, plan, staged.staging, provenance, digests)
             bytes_written = sum((staged.staging / name).stat().st_size for name in digests)
-            staged.publish()
-        return ConvertResult(out, plan, kernel.name, time.perf_counter() - started, False, digests, bytes_written)
+            staged.publish(private=(LEDGER_NAME,))
+        seconds = time.perf_counter() - started
+        return ConvertResult(out, plan, kernel.name, seconds, False, digests, bytes_written, sorted(reused), options.part)
     finally:
         source.close()
 
@@ -175,10 +203,16 @@ def worker_count(requested: int) -> int:
     return min(requested, cores) if requested > 0 else cores
 
 
-def package_space(source: SourceCheckpoint, plan: Plan) -> int:
-    """Bytes the package will take at most (see io.output.space_needed)."""
+def space_to_write(source: SourceCheckpoint, plan: Plan, wanted: list[int], out: Path, resume: bool) -> int:
+    """Bytes the run will add at most (see io.output.space_needed): the wanted shards (all, or a
+    part's) and the small files, less what kept work of an earlier --resume run already holds."""
     copied = sum(file_size(source.root / name) for name in plan.copied_files)
-    return space_needed([t.name for t in plan.tensors], plan.bytes_out, copied)
+    tensors = [t for i in wanted for t in plan.shards[i].tensors]
+    needed = space_needed([t.name for t in tensors], sum(t.nbytes for t in tensors), copied)
+    if resume:
+        kept = [p for staging in stale_siblings(out) if STAGING_TAG in staging.name for p in staging.iterdir()]
+        needed -= sum(p.stat().st_size for p in kept if p.is_file() and not p.is_symlink())
+    return max(needed, 0)
 
 
 # --- the streaming pipeline -------------------------------------------------------------------
@@ -238,10 +272,19 @@ class BufferPool:
 
 
 def write_shards(
-    source: SourceCheckpoint, plan: Plan, kernel: Kernel, staging: Path, workers: int, progress: Progress | None
+    source: SourceCheckpoint,
+    plan: Plan,
+    kernel: Kernel,
+    staging: Path,
+    workers: int,
+    progress: Progress | None,
+    shards: list[int] | None = None,
+    on_closed: Callable[[str, str], None] | None = None,
 ) -> dict[str, str]:
+    """Write the plan's shards (or only the numbers in `shards`) into `staging`; return each file's
+    checksum. `on_closed(file, checksum)` is called as each shard is finished."""
     pools = {"out": BufferPool(2 * CHUNK_ELEMENTS[kernel.name])}
-    items = list(work_items(source, plan, kernel, pools))
+    items = list(work_items(source, plan, kernel, pools, shards))
     total = sum(item.count for item in items)
     done = 0
     prefetched: queue.Queue = queue.Queue(maxsize=PREFETCH_ITEMS)
@@ -266,7 +309,7 @@ def write_shards(
         except BaseException as exc:  # handed to the main thread
             prefetched.put(exc)
 
-    writer = PackageShardWriter(plan, staging)
+    writer = PackageShardWriter(plan, staging, shards, on_closed)
     writer_error: list[BaseException] = []
 
     def write_behind() -> None:
@@ -333,32 +376,44 @@ def _hand_over(job, to_write: queue.Queue, writer_error: list, done: int, total:
 
 
 class PackageShardWriter:
-    """Routes write operations to the shard each tensor was planned into, opening shards in turn."""
+    """Routes write operations to the shard each tensor was planned into, opening shards in turn
+    (all of the plan's, or the numbers in `shards`)."""
 
-    def __init__(self, plan: Plan, staging: Path):
+    def __init__(
+        self,
+        plan: Plan,
+        staging: Path,
+        shards: list[int] | None = None,
+        on_closed: Callable[[str, str], None] | None = None,
+    ):
         self.plan = plan
         self.staging = staging
+        self.order = list(range(len(plan.shards))) if shards is None else sorted(shards)
+        self.on_closed = on_closed
         self.shard_of = {t.name: t.shard for t in plan.tensors}
         self.current: ShardWriter | None = None
-        self.current_index = -1
+        self.position = -1  # in `order`
         self.digests: dict[str, str] = {}
         self.collected: dict[str, list[np.ndarray]] = {}
 
     def _writer_for(self, name: str) -> ShardWriter:
-        while self.current_index < self.shard_of[name]:
+        while self.position < 0 or self.order[self.position] < self.shard_of[name]:
             self._open_next()
         return self.current  # type: ignore[return-value]
 
     def _open_next(self) -> None:
         self._close_current()
-        self.current_index += 1
-        shard = self.plan.shards[self.current_index]
+        self.position += 1
+        shard = self.plan.shards[self.order[self.position]]
         self.current = ShardWriter(self.staging / shard.file, [t.spec for t in shard.tensors], SHARD_METADATA)
 
     def _close_current(self) -> None:
         if self.current is not None:
-            self.digests[self.current.path.name] = self.current.close()
+            name, digest = self.current.path.name, self.current.close()
+            self.digests[name] = digest
             self.current = None
+            if self.on_closed is not None:
+                self.on_closed(name, digest)
 
     def apply(self, ops: list[tuple]) -> None:
         import numpy as np
@@ -376,7 +431,7 @@ class PackageShardWriter:
 
     def finish(self) -> dict[str, str]:
         # Shards holding only empty tensors got no write; open them too so numbering has no holes.
-        while self.current_index < len(self.plan.shards) - 1:
+        while self.position < len(self.order) - 1:
             self._open_next()
         self._close_current()
         return self.digests
@@ -387,12 +442,19 @@ class PackageShardWriter:
 
 
 def work_items(
-    source: SourceCheckpoint, plan: Plan, kernel: Kernel, pools: dict[str, BufferPool] | None = None
+    source: SourceCheckpoint,
+    plan: Plan,
+    kernel: Kernel,
+    pools: dict[str, BufferPool] | None = None,
+    shards: list[int] | None = None,
 ) -> Iterator[WorkItem]:
     linears = {linear.weight.name: linear for linear in source.linears.values()}
     chunk_elements = CHUNK_ELEMENTS[kernel.name]
+    wanted = None if shards is None else set(shards)
     for tensor in plan.tensors:
         entry = source.tensors[tensor.source]
+        if wanted is not None and tensor.shard not in wanted:
+            continue
         if tensor.kind == "mx_scale":
             continue  # produced with its weight
         if entry.nbytes == 0:
@@ -526,39 +588,60 @@ def nonfinite_copies(source: SourceCheckpoint, plan: Plan) -> dict[str, int]:
     return counts
 
 
-def write_package_files(source: SourceCheckpoint, plan: Plan, staging: Path, kernel: str, digests: dict) -> None:
+def copied_file_digests(source: SourceCheckpoint, plan: Plan) -> dict[str, str]:
+    """sha256 of each source file the package copies (configs, tokenizer: small files)."""
+    return {name: sha256_hex(Path(os.path.realpath(source.root / name)).read_bytes()) for name in plan.copied_files}
+
+
+def write_plan_files(source: SourceCheckpoint, plan: Plan, staging: Path) -> list[str]:
+    """The package's files other than shards and provenance; returns their names."""
+    written = [DESCRIPTION_NAME]
     dump_json(staging / DESCRIPTION_NAME, plan.description())
     index = plan.index()
     if index is not None:
         dump_json(staging / INDEX_NAME, index)
+        written.append(INDEX_NAME)
     for name in plan.copied_files:
         if name == "config.json":
             dump_json(staging / name, strip_quantization_config(source.config))
         else:
             # the real path was checked to stay inside the source; copy that, not the link
             shutil.copyfile(os.path.realpath(source.root / name), staging / name)
+        written.append(name)
+    return written
+
+
+def write_package_files(source: SourceCheckpoint, plan: Plan, staging: Path, provenance: dict, digests: dict) -> None:
+    write_plan_files(source, plan, staging)
+    dump_json(staging / PROVENANCE_NAME, provenance_document(provenance, digests))
+
+
+def provenance_document(base: dict, digests: dict[str, str]) -> dict:
+    """The provenance file: what `provenance_base` says, and every shard's checksum."""
+    return {**base, "shards": {name: {CHECKSUM: digest} for name, digest in sorted(digests.items())}}
+
+
+def provenance_base(source: SourceCheckpoint, plan: Plan, kernel: str) -> dict:
+    """Provenance without the shard checksums: nothing in it depends on the run (time, host, part),
+    so a package assembled from parts carries the same file as a one-process conversion."""
     _, location = find_quantization_config(source.config)
-    dump_json(
-        staging / PROVENANCE_NAME,
-        {
-            "tool": "ascendconv",
-            "version": __version__,
-            "source": {
-                "name": source.root.name,
-                "quantization_config": location,
-                "weight_block_size": list(source.quant.block),
-                "files": [
-                    {"name": h.path.name, "size": h.file_size, "fingerprint": source_fingerprint(h.header_bytes, h.file_size)}
-                    for h in source.headers
-                ],
-            },
-            "scheme": plan.scheme,
-            "scale_rule": plan.scale_rule,
-            "resolve_dtype": plan.resolve_dtype,
-            "kernel": kernel,
-            "fallbacks": [d.to_dict() for d in plan.fallbacks],
-            "source_nonfinite": nonfinite_copies(source, plan),
-            "checksum": CHECKSUM,
-            "shards": {name: {CHECKSUM: digest} for name, digest in sorted(digests.items())},
+    return {
+        "tool": "ascendconv",
+        "version": __version__,
+        "source": {
+            "name": source.root.name,
+            "quantization_config": location,
+            "weight_block_size": list(source.quant.block),
+            "files": [
+                {"name": h.path.name, "size": h.file_size, "fingerprint": source_fingerprint(h.header_bytes, h.file_size)}
+                for h in source.headers
+            ],
         },
-    )
+        "scheme": plan.scheme,
+        "scale_rule": plan.scale_rule,
+        "resolve_dtype": plan.resolve_dtype,
+        "kernel": kernel,
+        "fallbacks": [d.to_dict() for d in plan.fallbacks],
+        "source_nonfinite": nonfinite_copies(source, plan),
+        "checksum": CHECKSUM,
+    }

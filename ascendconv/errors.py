@@ -103,6 +103,17 @@ class OutputPathError(UsageError):
     default_hint = "choose another OUT: a new or empty directory in a writable directory"
 
 
+class ResumeMismatchError(UsageError):
+    default_hint = (
+        "run again with the same source, options and ascendconv version to finish that work, "
+        "or add --overwrite to discard it and start afresh"
+    )
+
+
+class RayMissingError(UsageError):
+    default_hint = "install the extra: pip install 'ascendconv[ray]'"
+
+
 # --- invalid or unreadable input (exit 3) -----------------------------------------------------
 
 
@@ -223,3 +234,30 @@ class OutputWriteError(EnvironmentProblem):
 
 class NoSpaceError(OutputWriteError):
     default_hint = "free space on that file system or choose an OUT on another one"
+
+
+# --- parts and clusters (exit 3) ----------------------------------------------------------------
+
+
+class PartError(InputError):
+    default_hint = "pass the part directories written by `ascendconv convert SRC PARTDIR --part I/N`"
+
+
+class MissingPartError(PartError):
+    default_hint = "run the missing part (same SRC and options) and pass its directory too"
+
+
+class DuplicatePartError(PartError):
+    default_hint = "pass each part directory once"
+
+
+class ForeignPartError(PartError):
+    default_hint = "convert every part from the same source with the same options and ascendconv version"
+
+
+class ShardChecksumError(PartError):
+    default_hint = "the part was modified or damaged after it was written; run that part again"
+
+
+class PartFailedError(AscendconvError):
+    default_hint = "see the error above; fix its cause and run again (finished parts are not kept)"

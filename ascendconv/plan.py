@@ -25,6 +25,7 @@ SINGLE_SHARD_NAME = "quant_model_weights.safetensors"
 INDEX_NAME = "quant_model_weights.safetensors.index.json"
 DESCRIPTION_NAME = "quant_model_description.json"
 PROVENANCE_NAME = "ascendconv_provenance.json"
+PART_MANIFEST_NAME = "ascendconv_part.json"  # in a part directory (convert --part), see parts.py
 DEFAULT_MAX_SHARD_SIZE = 4 * 1024**3  # msModelSlim's part_file_size
 
 ROUTED_EXPERT = re.compile(r"^(?P<layer>.*\.mlp)\.experts\.\d+\.(gate_proj|up_proj|down_proj)$")
@@ -368,7 +369,7 @@ def assign_shards(tensors: list[OutputTensor], max_shard_size: int) -> tuple[lis
 
 def written_by_package(name: str) -> bool:
     """A name the package writes itself: a source file of that name would overwrite or shadow it."""
-    return name in (DESCRIPTION_NAME, INDEX_NAME, PROVENANCE_NAME) or name.startswith("quant_model_weights")
+    return name in (DESCRIPTION_NAME, INDEX_NAME, PROVENANCE_NAME, PART_MANIFEST_NAME) or name.startswith("quant_model_weights")
 
 
 def files_to_copy(names: list[str]) -> tuple[list[str], dict[str, str]]:

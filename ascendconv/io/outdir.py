@@ -21,7 +21,7 @@ import shutil
 import signal
 import threading
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from ascendconv.errors import Interrupted, OutputBusyError, OutputExistsError, UnsafeOutputError
 
@@ -199,14 +199,20 @@ class StagedOutput:
 
     `check` runs under the lock (so that two runs cannot both find OUT free). `outcome` says, in words,
     what is at OUT after an interruption, for the message the user sees.
+
+    With `resume` (a callable), the staging directory is kept when the run fails, and the next run
+    adopts a kept one: the first stale staging sibling for which `resume(path)` is true becomes
+    `staging` again (`resumed` says so); the others are removed as usual. `resume` may raise to refuse.
     """
 
-    def __init__(self, out: Path, check):
+    def __init__(self, out: Path, check, resume: Callable[[Path], bool] | None = None):
         self.out = out
         self.check = check
+        self.resume = resume
         self.lock = OutputLock(out)
         self.created: list[Path] = []
         self.staging: Path | None = None
+        self.resumed = False
         self.trash: Path | None = None
         self.published = False
 
@@ -216,18 +222,31 @@ class StagedOutput:
             self.lock.acquire()
             self.check()
             for stale in stale_siblings(self.out):
-                shutil.rmtree(stale)
-            self.staging = self.out.parent / f".{self.out.name}{STAGING_TAG}{secrets.token_hex(8)}"
-            self.staging.mkdir()
+                if self._adopt(stale):
+                    self.staging, self.resumed = stale, True
+                else:
+                    shutil.rmtree(stale)
+            if self.staging is None:
+                self.staging = self.out.parent / f".{self.out.name}{STAGING_TAG}{secrets.token_hex(8)}"
+                self.staging.mkdir()
         except BaseException as exc:
             self._clean_up(exc)
             raise
         return self
 
-    def publish(self) -> None:
+    def _adopt(self, stale: Path) -> bool:
+        return (
+            self.resume is not None and self.staging is None and STAGING_TAG in stale.name and self.resume(stale)
+        )
+
+    def publish(self, private: tuple[str, ...] = ()) -> None:
+        """Rename staging to OUT; the files named in `private` (bookkeeping) are removed just before."""
         assert self.staging is not None
         replacing = self.out.is_dir() and any(self.out.iterdir())
         with signals_deferred():  # the two renames: both or neither
+            for name in private:
+                with contextlib.suppress(FileNotFoundError):
+                    (self.staging / name).unlink()
             if replacing:
                 self.trash = self.out.parent / f".{self.out.name}{OLD_TAG}{secrets.token_hex(8)}"
                 self.out.rename(self.trash)
@@ -246,7 +265,7 @@ class StagedOutput:
         self._clean_up(exc)
 
     def _clean_up(self, exc: BaseException | None) -> None:
-        if not self.published and self.staging is not None:
+        if not self.published and self.staging is not None and self.resume is None:
             with signals_deferred(deliver=False):
                 shutil.rmtree(self.staging, ignore_errors=True)
         self.lock.release()
@@ -259,6 +278,8 @@ class StagedOutput:
 
     @property
     def outcome(self) -> str:
+        if not self.published and self.resume is not None and self.staging is not None:
+            return f"nothing was written at {self.out}; finished shards are kept in {self.staging} for --resume"
         if not self.published:
             return f"nothing was written at {self.out}"
         if self.trash is not None:

@@ -1,0 +1,66 @@
+"""Parts: the package's shards split into N groups that separate jobs convert without talking.
+
+The split is a pure function of the plan, so every job computes the same one: shards are taken
+largest first (ties by shard number) and each goes to the part holding the fewest bytes so far
+(ties by part number). A part directory holds its shards, the package's small files (identical in
+every part) and PART_MANIFEST_NAME: the plan's identity, which part it is, its shards' checksums.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from ascendconv.errors import BadOptionError
+from ascendconv.io.safetensors import SHARD_DIGEST
+from ascendconv.plan import PART_MANIFEST_NAME, Plan
+from ascendconv.resume import fingerprint, sha256_hex, write_json_atomic
+
+PART_FORMAT = "ascendconv-part/1"
+
+
+def parse_part(text: str) -> tuple[int, int]:
+    """'2/4' -> (2, 4)."""
+    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+    if not match or not 1 <= int(match[1]) <= int(match[2]):
+        raise BadOptionError(f"cannot read part {text!r}", "write --part I/N with 1 <= I <= N, e.g. --part 2/4")
+    return int(match[1]), int(match[2])
+
+
+def assign_parts(sizes: list[int], parts: int) -> list[list[int]]:
+    """Shard numbers (0-based, ascending) of each of `parts` parts, balanced by bytes."""
+    loads = [0] * parts
+    members: list[list[int]] = [[] for _ in range(parts)]
+    for shard in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        lightest = min(range(parts), key=lambda p: (loads[p], p))
+        loads[lightest] += sizes[shard]
+        members[lightest].append(shard)
+    return [sorted(m) for m in members]
+
+
+def part_shards(plan: Plan, part: tuple[int, int] | None) -> list[int]:
+    """The shard numbers a run writes: all of them, or part I of N's."""
+    if part is None:
+        return list(range(len(plan.shards)))
+    number, count = part
+    return assign_parts([s.nbytes for s in plan.shards], count)[number - 1]
+
+
+def write_part_manifest(
+    directory: Path, identity: dict, part: tuple[int, int], digests: dict[str, str], files: list[str]
+) -> None:
+    """The part's manifest: written last, so a part directory that has one is complete."""
+    number, count = part
+    write_json_atomic(
+        directory / PART_MANIFEST_NAME,
+        {
+            "format": PART_FORMAT,
+            "part": number,
+            "parts": count,
+            "fingerprint": fingerprint(identity),
+            "identity": identity,
+            "checksum": SHARD_DIGEST,
+            "shards": dict(sorted(digests.items())),
+            "files": {name: sha256_hex((directory / name).read_bytes()) for name in sorted(files)},
+        },
+    )
