@@ -186,6 +186,39 @@ def render_convert(result) -> None:
     )
 
 
+# --- assemble -----------------------------------------------------------------------------------
+
+
+@app.command("assemble")
+def assemble_command(
+    out_dir: Path = typer.Argument(..., metavar="OUT", help="Package directory to create."),
+    part_dirs: List[Path] = typer.Argument(..., metavar="PARTDIR...", help="Every part directory of one plan."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty OUT."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary."),
+) -> None:
+    """Join the parts written by `convert --part I/N` into the package (checked, then written atomically)."""
+    from ascendconv.assemble import assemble
+
+    def action():
+        bar, progress = byte_progress(not quiet and err.is_terminal, "checking parts")
+        if bar is None:
+            return assemble(out_dir, part_dirs, overwrite)
+        with bar:
+            return assemble(out_dir, part_dirs, overwrite, progress=progress)
+
+    result = run(action, as_json)
+    if as_json:
+        print(json.dumps(result.to_dict(), indent=2))
+    elif not quiet:
+        out.print(
+            f"wrote {result.output}: {_plural(result.shards, 'shard')} from {_plural(result.parts, 'part')} "
+            f"({result.linked} linked, {result.shards - result.linked} copied), {human_bytes(result.bytes_written)} "
+            f"in {result.seconds:.2f} s",
+            highlight=False,
+        )
+
+
 # --- inspect ------------------------------------------------------------------------------------
 
 

@@ -23,7 +23,7 @@ def parse_part(text: str) -> tuple[int, int]:
     """'2/4' -> (2, 4)."""
     match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
     if not match or not 1 <= int(match[1]) <= int(match[2]):
-        raise BadOptionError(f"cannot read part {text!r}", "write --part I/N with 1 <= I <= N, e.g. --part 2/4")
+        raise BadOptionError(f"cannot read --part {text!r}", "write --part I/N with 1 <= I <= N, e.g. --part 2/4")
     return int(match[1]), int(match[2])
 
 

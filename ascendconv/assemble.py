@@ -1,0 +1,215 @@
+"""assemble: join the part directories of one plan into the package, checked first, written atomically.
+
+Every check runs before anything is created: the parts must come from one plan (same identity
+fingerprint, same N), each part number must be given exactly once, each part must hold exactly the
+shards the plan assigns to it, and every shard must still have the checksum its part recorded. The
+package is then built in staging like `convert` builds it: shards hard-linked from the parts (copied
+when the parts are on another filesystem; the parts are left as they are), the small files from the
+first part, and the provenance that a one-process conversion writes.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from ascendconv.convert import Progress, dump_json, provenance_document
+from ascendconv.errors import (
+    DuplicatePartError,
+    ForeignPartError,
+    MissingPartError,
+    NotFoundError,
+    PartError,
+    ShardChecksumError,
+)
+from ascendconv.io.outdir import StagedOutput, check_output, signals_interrupt
+from ascendconv.io.safetensors import SHARD_DIGEST, file_digest
+from ascendconv.parts import PART_FORMAT, assign_parts
+from ascendconv.plan import DESCRIPTION_NAME, PART_MANIFEST_NAME, PROVENANCE_NAME
+from ascendconv.resume import differences, fingerprint, read_json, sha256_hex
+
+
+@dataclass
+class Part:
+    directory: Path
+    manifest: dict
+
+    @property
+    def label(self) -> str:
+        return f"part {self.manifest['part']}/{self.manifest['parts']} ({self.directory})"
+
+
+@dataclass
+class AssembleResult:
+    output: Path
+    parts: int
+    shards: int
+    linked: int  # shards hard-linked from their part; the others were copied
+    bytes_written: int
+    seconds: float
+
+    def to_dict(self) -> dict:
+        return {
+            "output": str(self.output),
+            "parts": self.parts,
+            "shards": self.shards,
+            "linked_shards": self.linked,
+            "copied_shards": self.shards - self.linked,
+            "bytes_out": self.bytes_written,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def read_part(directory: Path) -> Part:
+    if not directory.is_dir():
+        raise NotFoundError(f"{directory}: no such directory")
+    manifest = read_json(directory / PART_MANIFEST_NAME)
+    if manifest is None or manifest.get("format") != PART_FORMAT:
+        raise PartError(f"{directory}: is not a part directory (no readable {PART_MANIFEST_NAME} of {PART_FORMAT})")
+    identity = manifest.get("identity")
+    if not isinstance(identity, dict) or fingerprint(identity) != manifest.get("fingerprint"):
+        raise PartError(f"{directory / PART_MANIFEST_NAME}: its plan identity does not match its fingerprint (edited?)")
+    if not _well_formed(manifest):
+        raise PartError(f"{directory / PART_MANIFEST_NAME}: is malformed (fields missing, of the wrong type, or not plain file names)")
+    return Part(directory, manifest)
+
+
+def _plain_names(mapping) -> bool:
+    """A dict of file name -> checksum, every name a plain file of the directory (no path, not hidden)."""
+    return isinstance(mapping, dict) and all(
+        isinstance(k, str) and isinstance(v, str) and k == Path(k).name and not k.startswith(".") for k, v in mapping.items()
+    )
+
+
+def _well_formed(manifest: dict) -> bool:
+    identity = manifest["identity"]
+    planned = identity.get("plan", {}).get("shards") if isinstance(identity.get("plan"), dict) else None
+    number, count = manifest.get("part"), manifest.get("parts")
+    return (
+        isinstance(number, int) and isinstance(count, int) and 1 <= number <= count
+        and isinstance(manifest.get("checksum"), str)
+        and _plain_names(manifest.get("shards")) and _plain_names(manifest.get("files"))
+        and isinstance(identity.get("provenance"), dict)
+        and isinstance(planned, list)
+        and all(isinstance(s, list) and len(s) == 2 and isinstance(s[0], str) and isinstance(s[1], int) for s in planned)
+    )
+
+
+def check_parts(parts: list[Part]) -> None:
+    """One plan, each part once, each part's shards the ones the plan assigns to it."""
+    first = parts[0]
+    count = first.manifest["parts"]
+    for part in parts[1:]:
+        if part.manifest["fingerprint"] != first.manifest["fingerprint"]:
+            raise ForeignPartError(
+                f"{part.directory}: comes from another plan than {first.directory} "
+                f"({'; '.join(differences(part.manifest['identity'], first.manifest['identity']))})"
+            )
+        if part.manifest["parts"] != count or part.manifest["files"] != first.manifest["files"]:
+            raise ForeignPartError(f"{part.label}: does not belong with {first.label}")
+    by_number: dict[int, Part] = {}
+    for part in parts:
+        number = part.manifest["part"]
+        if number in by_number:
+            raise DuplicatePartError(f"part {number}/{count} is given twice: {by_number[number].directory} and {part.directory}")
+        by_number[number] = part
+    missing = [str(n) for n in range(1, count + 1) if n not in by_number]
+    if missing:
+        raise MissingPartError(f"part {', '.join(missing)} of {count} missing (given: {', '.join(str(p.directory) for p in parts)})")
+    planned = first.manifest["identity"]["plan"]["shards"]
+    assignment = assign_parts([nbytes for _, nbytes in planned], count)
+    for number, members in enumerate(assignment, start=1):
+        part = by_number[number]
+        if part.manifest["checksum"] != SHARD_DIGEST:
+            raise ForeignPartError(f"{part.label}: records {part.manifest['checksum']} checksums, this version {SHARD_DIGEST}")
+        expected = sorted(planned[i][0] for i in members)
+        if sorted(part.manifest["shards"]) != expected:
+            raise PartError(f"{part.label}: holds shards {sorted(part.manifest['shards'])}, the plan gives it {expected}")
+
+
+def check_files(parts: list[Part], workers: int, progress: Progress | None) -> None:
+    """Every shard and small file of every part still has the checksum its manifest records."""
+    jobs = [(part, name, digest) for part in parts for name, digest in part.manifest["shards"].items()]
+    total = sum((p.directory / n).stat().st_size for p, n, _ in jobs if (p.directory / n).is_file())
+    done = 0
+
+    def digest_of(job) -> tuple[str | None, int]:
+        path = job[0].directory / job[1]
+        return (file_digest(path), path.stat().st_size) if path.is_file() else (None, 0)
+
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        for (part, name, want), (got, size) in zip(jobs, pool.map(digest_of, jobs)):
+            if got != want:
+                state = "is missing" if got is None else f"has {SHARD_DIGEST} {got[:16]}..., not the {want[:16]}... recorded"
+                raise ShardChecksumError(f"{part.directory / name}: {state} in {part.label}'s manifest")
+            done += size
+            if progress:
+                progress(done, total)
+    for part in parts:
+        for name, want in part.manifest["files"].items():
+            path = part.directory / name
+            if not path.is_file() or sha256_hex(path.read_bytes()) != want:
+                raise ShardChecksumError(f"{path}: differs from what {part.label}'s manifest records")
+
+
+def link_or_copy(source: Path, target: Path) -> bool:
+    """Hard-link `source` as `target` (True), or copy it when a link is impossible (False)."""
+    try:
+        os.link(source, target)
+        return True
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES):
+            raise
+    shutil.copyfile(source, target)
+    return False
+
+
+def assemble_into(staging: Path, parts: list[Part]) -> tuple[int, int]:
+    """Write the package from checked parts into `staging`; return (bytes of shards, shards linked)."""
+    digests: dict[str, str] = {}
+    linked = 0
+    for part in parts:
+        for name, digest in part.manifest["shards"].items():
+            linked += link_or_copy(part.directory / name, staging / name)
+            digests[name] = digest
+    for name in parts[0].manifest["files"]:
+        shutil.copyfile(parts[0].directory / name, staging / name)
+    dump_json(staging / PROVENANCE_NAME, provenance_document(parts[0].manifest["identity"]["provenance"], digests))
+    return sum((staging / name).stat().st_size for name in digests), linked
+
+
+def checked_parts(directories: list[Path], workers: int = 0, progress: Progress | None = None) -> list[Part]:
+    if not directories:
+        raise MissingPartError("no part directory given")
+    parts = [read_part(Path(d)) for d in directories]
+    check_parts(parts)
+    check_files(parts, workers or os.cpu_count() or 1, progress)
+    return sorted(parts, key=lambda p: p.manifest["part"])
+
+
+def assemble(
+    out: str | os.PathLike,
+    directories: list[str | os.PathLike],
+    overwrite: bool = False,
+    workers: int = 0,
+    progress: Progress | None = None,
+) -> AssembleResult:
+    started = time.perf_counter()
+    out = Path(out)
+    parts = checked_parts([Path(d) for d in directories], workers, progress)
+
+    def check() -> None:
+        for part in parts:
+            check_output(out, part.directory, overwrite, DESCRIPTION_NAME)
+
+    check()
+    with signals_interrupt(), StagedOutput(out, check) as staged:
+        bytes_written, linked = assemble_into(staged.staging, parts)
+        staged.publish()
+    shards = sum(len(p.manifest["shards"]) for p in parts)
+    return AssembleResult(out, len(parts), shards, linked, bytes_written, time.perf_counter() - started)

@@ -1,0 +1,168 @@
+"""convert --part I/N and assemble: parts converted in separate processes join into a package that is
+byte-identical to a one-process conversion; parts that do not make up one plan are refused and
+nothing is written."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from ascendconv.cli import app
+from ascendconv.convert import ConvertOptions, convert
+from ascendconv.errors import BadOptionError
+from ascendconv.parts import assign_parts, parse_part
+from conftest import FIXTURE_NAMES, FIXTURES
+
+runner = CliRunner()
+SHARD_LIMIT = 150_000
+# fixture -> scheme and shard limit that make its package 4 to 6 shards
+WRITTEN_AS = {
+    "qwen3-dense-fp8": ("w8a8-mxfp8", SHARD_LIMIT),
+    "qwen3-moe-fp8": ("w4a8-mxfp-moe", 100_000),
+    "deepseek-v3-fp8": ("w4a8-mxfp", 100_000),
+}
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(root.iterdir())}
+
+
+def test_assignment_is_largest_first_into_the_lightest_part():
+    # 5 -> p1, 5 -> p2, 3 -> p1 (tie: lower part), 3 -> p2, 2 -> p1
+    assert assign_parts([5, 5, 3, 3, 2], 2) == [[0, 2, 4], [1, 3]]
+    assert assign_parts([1, 9, 1, 1], 2) == [[1], [0, 2, 3]]
+    assert assign_parts([4, 4], 3) == [[0], [1], []]
+
+
+@given(st.lists(st.integers(0, 10**9), max_size=40), st.integers(1, 12))
+def test_assignment_holds_every_shard_once_and_is_balanced(sizes, count):
+    parts = assign_parts(sizes, count)
+    assert sorted(i for part in parts for i in part) == list(range(len(sizes)))
+    loads = [sum(sizes[i] for i in part) for part in parts]
+    # greedy largest-first: no part exceeds the lightest by more than the largest shard
+    assert max(loads) - min(loads) <= max(sizes, default=0)
+    assert assign_parts(list(sizes), count) == parts  # a pure function
+
+
+@pytest.mark.parametrize("text", ["0/3", "4/3", "2", "a/b", "1/0", "-1/2"])
+def test_part_must_be_i_of_n(text):
+    with pytest.raises(BadOptionError, match="cannot read --part") as refused:
+        parse_part(text)
+    assert "1 <= I <= N" in refused.value.hint
+
+
+def convert_parts_in_processes(src: Path, root: Path, counts: list[int], *options: str) -> dict[int, list[Path]]:
+    """For each N in `counts`, parts 1..N each by its own `python -m ascendconv` process (all at once)."""
+    dirs = {n: [root / f"part-{i}-of-{n}" for i in range(1, n + 1)] for n in counts}
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "ascendconv", "convert", str(src), str(d), "--part", f"{i}/{n}", "--quiet", *options],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for n in counts
+        for i, d in enumerate(dirs[n], start=1)
+    ]
+    for process in processes:
+        _, stderr = process.communicate(timeout=300)
+        assert process.returncode == 0, stderr
+    return dirs
+
+
+@pytest.mark.parametrize("fixture", FIXTURE_NAMES)
+def test_parts_assemble_into_the_one_process_package(fixture, converted, tmp_path):
+    scheme, limit = WRITTEN_AS[fixture]
+    golden = converted(fixture, scheme, max_shard_size=limit)
+    shards = [p.name for p in golden.iterdir() if p.suffix == ".safetensors"]
+    assert len(shards) >= 4
+    counts = sorted({1, 2, 3, len(shards)})
+    made = convert_parts_in_processes(FIXTURES / fixture, tmp_path, counts, "--scheme", scheme, "--max-shard-size", str(limit))
+    for count, parts in made.items():
+        held = [sorted(json.loads((d / "ascendconv_part.json").read_text())["shards"]) for d in parts]
+        assert sorted(s for h in held for s in h) == sorted(shards)
+        if count == len(shards):
+            assert all(len(h) == 1 for h in held)
+        out = tmp_path / f"package-{count}"
+        result = runner.invoke(app, ["assemble", str(out), *map(str, reversed(parts)), "--json"])
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout)["shards"] == len(shards)
+        assert tree(out) == tree(golden)
+
+
+@pytest.fixture(scope="module")
+def dense_parts(tmp_path_factory):
+    """Parts 1..3 of the dense fixture, and foreign parts 3/3: another source, another scale rule."""
+    root = tmp_path_factory.mktemp("parts")
+    made = {}
+    for key, fixture, rule in (("dense", "qwen3-dense-fp8", "mse"), ("moe", "qwen3-moe-fp8", "mse"), ("floor", "qwen3-dense-fp8", "floor")):
+        for i in range(1, 4):
+            made[key, i] = root / key / f"p{i}"
+            convert(FIXTURES / fixture, made[key, i], ConvertOptions(scale_rule=rule, max_shard_size=SHARD_LIMIT, part=(i, 3)))
+    return made
+
+
+def assemble_refused(tmp_path: Path, *parts: Path) -> str:
+    out = tmp_path / "pkg" / "out"
+    result = runner.invoke(app, ["assemble", str(out), *map(str, parts), "--quiet"])
+    assert result.exit_code == 3, result.output
+    assert not (tmp_path / "pkg").exists()  # nothing written, not even the parent or a lock
+    assert "Traceback" not in result.output
+    return " ".join(result.stderr.split())
+
+
+def copy_part(part: Path, target: Path) -> Path:
+    shutil.copytree(part, target)
+    return target
+
+
+def test_a_missing_part_is_refused(dense_parts, tmp_path):
+    message = assemble_refused(tmp_path, dense_parts["dense", 1], dense_parts["dense", 3])
+    assert "part 2 of 3 missing" in message
+
+
+def test_a_duplicated_part_is_refused(dense_parts, tmp_path):
+    twin = copy_part(dense_parts["dense", 2], tmp_path / "twin")
+    message = assemble_refused(tmp_path, *(dense_parts["dense", i] for i in (1, 2, 3)), twin)
+    assert "part 2/3 is given twice" in message and str(twin) in message
+
+
+@pytest.mark.parametrize("key, differs", [("moe", "provenance.source"), ("floor", "scale_rule: 'floor' now, 'mse' there")])
+def test_a_part_of_another_source_or_other_options_is_refused(dense_parts, tmp_path, key, differs):
+    message = assemble_refused(tmp_path, dense_parts["dense", 1], dense_parts["dense", 2], dense_parts[key, 3])
+    assert "comes from another plan" in message and differs in message
+
+
+def test_a_tampered_shard_is_refused(dense_parts, tmp_path):
+    parts = [copy_part(dense_parts["dense", i], tmp_path / f"p{i}") for i in (1, 2, 3)]
+    shard = next(parts[1].glob("quant_model_weights-*.safetensors"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    message = assemble_refused(tmp_path, *parts)
+    assert str(shard) in message and "recorded" in message
+
+
+def test_a_removed_shard_or_an_edited_manifest_is_refused(dense_parts, tmp_path):
+    parts = [copy_part(dense_parts["dense", i], tmp_path / f"p{i}") for i in (1, 2, 3)]
+    shard = next(parts[0].glob("quant_model_weights-*.safetensors"))
+    shard.unlink()
+    assert "is missing" in assemble_refused(tmp_path, *parts)
+    shutil.copyfile(dense_parts["dense", 1] / shard.name, shard)
+    manifest = parts[2] / "ascendconv_part.json"
+    data = json.loads(manifest.read_text())
+    data["identity"]["options"]["scale_rule"] = "floor"  # claims another plan without its bytes
+    manifest.write_text(json.dumps(data))
+    assert "does not match its fingerprint" in assemble_refused(tmp_path, *parts)
+
+
+def test_a_directory_that_is_not_a_part_is_refused(converted, dense_parts, tmp_path):
+    package = converted("qwen3-dense-fp8", max_shard_size=SHARD_LIMIT)
+    message = assemble_refused(tmp_path, dense_parts["dense", 1], package)
+    assert "is not a part directory" in message
