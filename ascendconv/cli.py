@@ -117,6 +117,11 @@ def convert(
     part: Optional[str] = typer.Option(
         None, metavar="I/N", help="Write only part I of N into OUT (a part directory); join parts with `assemble`."
     ),
+    ray: bool = typer.Option(False, "--ray", help="Convert the parts as Ray tasks (local Ray, or --ray-address)."),
+    ray_address: Optional[str] = typer.Option(None, help="Ray cluster to join, e.g. auto or ray://head:10001 (implies --ray)."),
+    ray_parts: int = typer.Option(0, help="Parts under --ray; 0: one per task slot, at most one per shard."),
+    ray_cpus: int = typer.Option(2, help="CPUs per Ray task (its conversion threads)."),
+    ray_retries: int = typer.Option(2, help="Retries of a failed Ray task; each reuses the shards it finished."),
 ) -> None:
     """Convert a block-FP8 checkpoint into an AscendV1 W8A8_MXFP8 / W4A8_MXFP package."""
     from ascendconv.convert import ConvertOptions, convert as run_convert
@@ -142,17 +147,35 @@ def convert(
             resume=resume,
             part=parse_part(part) if part is not None else None,
         )
+        runner = run_convert
+        if (ray or ray_address) and not dry_run:
+            runner = ray_runner(options, ray_address, ray_parts, ray_cpus, ray_retries)
         bar, progress = byte_progress(not quiet and not dry_run and err.is_terminal, "converting")
         if bar is None:
-            return run_convert(resolve_source(src), out_dir, options, None, dry_run, notice)
+            return runner(resolve_source(src), out_dir, options, None, dry_run, notice)
         with bar:
-            return run_convert(resolve_source(src), out_dir, options, progress, dry_run, notice)
+            return runner(resolve_source(src), out_dir, options, progress, dry_run, notice)
 
     result = run(action, as_json)
     if as_json:
         print(json.dumps(result.to_dict(), indent=2))
     elif not quiet:
         render_convert(result)
+
+
+def ray_runner(options, address: Optional[str], parts: int, cpus: int, retries: int) -> Callable:
+    """convert's stand-in under --ray: the same call, run as Ray tasks."""
+    from ascendconv.cluster import RayOptions, convert_on_ray, import_ray
+    from ascendconv.errors import BadOptionError
+
+    if options.part or options.resume:
+        raise BadOptionError(
+            "--ray runs every part itself and cannot be combined with --part or --resume",
+            "under --ray a failed task is retried and reuses the shards it finished (--ray-retries)",
+        )
+    import_ray()  # fails at once, with how to install it
+    ray_options = RayOptions(address=address, parts=parts, cpus_per_task=cpus, max_retries=retries)
+    return lambda src, out, options, progress, dry_run, notice: convert_on_ray(src, out, options, ray_options, progress)
 
 
 def render_convert(result) -> None:

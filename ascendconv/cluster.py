@@ -1,0 +1,161 @@
+"""convert --ray: the parts of one plan as Ray tasks, then assemble, all inside one staged output.
+
+The nodes must share the filesystem of SRC and OUT (the tasks read SRC and write their parts inside
+OUT's staging directory by path). Each task is `convert --part I/N --resume` into a hidden part
+directory of the staging; a task that fails is retried by Ray (`max_retries`) and its retry reuses the
+shards the failed attempt finished. When every part is done, the parts are checked and linked into
+the package exactly as `assemble` does, the part directories removed and the package published. A
+part that keeps failing fails the run with its error, and nothing is left at OUT. Ray is imported
+only here, and only when asked for.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ascendconv.assemble import assemble_into, checked_parts
+from ascendconv.convert import ConvertOptions, ConvertResult, Kernel, Progress, convert, plan_for
+from ascendconv.errors import AscendconvError, PartFailedError, RayMissingError
+from ascendconv.io.outdir import StagedOutput, check_output, signals_interrupt
+from ascendconv.io.source import SourceCheckpoint
+from ascendconv.plan import DESCRIPTION_NAME, Plan
+
+PROGRESS_EVERY = 0.25  # seconds between a task's progress reports
+
+
+@dataclass
+class RayOptions:
+    address: str | None = None  # None: the Ray instance this process already runs, else a new local one
+    parts: int = 0  # 0: one per task slot of the cluster, at most one per shard
+    cpus_per_task: int = 2
+    max_retries: int = 2  # attempts after the first, per part
+
+
+def import_ray():
+    try:
+        import ray
+    except ImportError as exc:
+        raise RayMissingError("--ray needs Ray, which is not installed in this environment") from exc
+    return ray
+
+
+def source_bytes(source: SourceCheckpoint, plan: Plan) -> int:
+    """The source bytes a whole conversion reads (what the progress bar counts)."""
+    return sum(source.tensors[t.source].nbytes for t in plan.tensors if t.kind != "mx_scale")
+
+
+def part_count(ray, plan: Plan, options: RayOptions) -> int:
+    if options.parts:
+        return options.parts
+    slots = int(ray.cluster_resources().get("CPU", 1) // max(options.cpus_per_task, 1))
+    return max(1, min(len(plan.shards), slots))
+
+
+class ProgressBoard:
+    """A Ray actor: the latest (done, total) of each part, summed for the driver's one progress bar."""
+
+    def __init__(self):
+        self.parts: dict[int, int] = {}
+
+    def update(self, number: int, done: int) -> None:
+        self.parts[number] = done
+
+    def done(self) -> int:
+        return sum(self.parts.values())
+
+
+def convert_part(src: str, directory: str, options: ConvertOptions, board, number: int) -> None:
+    """One Ray task: convert one part; report progress to `board` at most every PROGRESS_EVERY s."""
+    last = [0.0]
+
+    def report(done: int, total: int) -> None:
+        now = time.monotonic()
+        if board is not None and (now - last[0] >= PROGRESS_EVERY or done == total):
+            last[0] = now
+            board.update.remote(number, done)
+
+    convert(src, directory, options, report)
+
+
+def convert_on_ray(
+    src: str | os.PathLike, out: str | os.PathLike, options: ConvertOptions, ray_options: RayOptions,
+    progress: Progress | None = None,
+) -> ConvertResult:
+    ray = import_ray()
+    started = time.perf_counter()
+    out = Path(out).absolute()
+    source = SourceCheckpoint.open(src)
+    try:
+        plan = plan_for(source, options)
+        Kernel(options.kernel)  # an unknown kernel fails here, not in every task
+        total = source_bytes(source, plan)
+        root = Path(source.root).absolute()
+    finally:
+        source.close()
+    check = lambda: check_output(out, root, options.overwrite, DESCRIPTION_NAME)  # noqa: E731
+    check()
+    started_ray = not ray.is_initialized()
+    if started_ray:
+        ray.init(address=ray_options.address, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    try:
+        count = part_count(ray, plan, ray_options)
+        with signals_interrupt(), StagedOutput(out, check) as staged:
+            directories = [staged.staging / f".part-{i}-of-{count}" for i in range(1, count + 1)]
+            run_parts(ray, root, directories, options, ray_options, total, progress)
+            parts = checked_parts(directories, options.workers)
+            bytes_written, _ = assemble_into(staged.staging, parts)
+            for leftover in staged.staging.glob(".*"):  # the parts (their shards are linked) and their locks
+                shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
+            staged.publish()
+    finally:
+        if started_ray:
+            ray.shutdown()
+    digests = {name: digest for part in parts for name, digest in part.manifest["shards"].items()}
+    return ConvertResult(out, plan, options.kernel, time.perf_counter() - started, False, digests, bytes_written)
+
+
+def run_parts(
+    ray, root: Path, directories: list[Path], options: ConvertOptions, ray_options: RayOptions, total: int,
+    progress: Progress | None,
+) -> None:
+    """Run part 1..N as Ray tasks; return when all succeeded, raise the first failure's error."""
+    count = len(directories)
+    board = ray.remote(num_cpus=0)(ProgressBoard).remote() if progress else None
+    task = ray.remote(convert_part).options(
+        num_cpus=ray_options.cpus_per_task, max_retries=ray_options.max_retries, retry_exceptions=True
+    )
+    part_options = [
+        replace(options, part=(i, count), resume=True, overwrite=False, workers=ray_options.cpus_per_task)
+        for i in range(1, count + 1)
+    ]
+    refs = {task.remote(str(root), str(d), o, board, i): i for i, (d, o) in enumerate(zip(directories, part_options), 1)}
+    pending = list(refs)
+    try:
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=PROGRESS_EVERY)
+            for ref in ready:
+                _result_of(ray, ref, refs[ref], count, ray_options.max_retries)
+            if progress:
+                progress(min(ray.get(board.done.remote()), total), total)
+    except BaseException:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+        raise
+    if progress:
+        progress(total, total)
+
+
+def _result_of(ray, ref, number: int, count: int, retries: int) -> None:
+    try:
+        ray.get(ref)
+    except ray.exceptions.RayTaskError as exc:
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, AscendconvError):
+            raise cause from None
+        raise PartFailedError(f"part {number}/{count} failed {retries + 1} times; last: {cause or exc}") from None
+    except ray.exceptions.RayError as exc:
+        raise PartFailedError(f"part {number}/{count} failed {retries + 1} times; last: {exc}") from None

@@ -1,0 +1,89 @@
+"""convert --ray: parts as tasks on a real local Ray instance (2 CPUs) give the one-process package;
+a part that keeps failing fails the run with its named error and leaves nothing; without Ray
+installed, --ray fails at once saying how to install it."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from ascendconv.cli import app
+from ascendconv.convert import ConvertOptions
+from conftest import FIXTURES, load_shard, save_shard
+
+runner = CliRunner()
+FIXTURE, SCHEME, LIMIT = "deepseek-v3-fp8", "w4a8-mxfp", 100_000  # 6 shards
+
+
+def tree(root):
+    return {p.name: p.read_bytes() for p in sorted(root.iterdir())}
+
+
+@pytest.fixture(scope="module")
+def ray():
+    ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'ascendconv[ray]'")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    yield ray
+    ray.shutdown()
+
+
+def test_parts_as_ray_tasks_give_the_one_process_package(ray, converted, tmp_path):
+    from ascendconv.cluster import RayOptions, convert_on_ray
+
+    golden = converted(FIXTURE, SCHEME, max_shard_size=LIMIT)
+    seen = []
+    options = ConvertOptions(scheme=SCHEME, max_shard_size=LIMIT)
+    result = convert_on_ray(FIXTURES / FIXTURE, tmp_path / "out", options, RayOptions(parts=3, cpus_per_task=1),
+                            lambda done, total: seen.append((done, total)))
+    assert tree(tmp_path / "out") == tree(golden)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no staging, parts or lock left
+    assert result.shard_sha256.keys() == {p.name for p in golden.glob("*.safetensors")}
+    total = seen[-1][1]
+    assert all(t == total for _, t in seen) and seen[-1][0] == total > 0
+    assert [done for done, _ in seen] == sorted(done for done, _ in seen)  # one bar, never going back
+
+
+def test_the_command_line_runs_on_the_ray_instance_of_the_process(ray, converted, tmp_path):
+    golden = converted(FIXTURE, SCHEME, max_shard_size=LIMIT)
+    result = runner.invoke(app, [
+        "convert", str(FIXTURES / FIXTURE), str(tmp_path / "out"), "--scheme", SCHEME, "--max-shard-size", str(LIMIT),
+        "--ray", "--ray-parts", "2", "--ray-cpus", "1", "--json",
+    ])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["output"] == str(tmp_path / "out")
+    assert tree(tmp_path / "out") == tree(golden)
+
+
+def test_a_part_that_keeps_failing_fails_the_run_and_leaves_nothing(ray, fixture_copy, tmp_path):
+    from ascendconv.cluster import RayOptions, convert_on_ray
+    from ascendconv.errors import NaNCodeError
+
+    src = fixture_copy("qwen3-dense-fp8")
+    shard = src / "model.safetensors"
+    tensors = load_shard(shard)
+    name = "model.layers.1.mlp.down_proj.weight"
+    dtype, shape, data = tensors[name]
+    tensors[name] = (dtype, shape, b"\x7f" + data[1:])  # a NaN code: every attempt of its part fails
+    save_shard(shard, tensors)
+    out = tmp_path / "pkg" / "out"
+    with pytest.raises(NaNCodeError, match=name):
+        convert_on_ray(src, out, ConvertOptions(max_shard_size=20_000), RayOptions(parts=2, cpus_per_task=1, max_retries=1))
+    assert not (tmp_path / "pkg").exists()
+
+
+def test_without_ray_the_option_fails_at_once_with_how_to_install(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "ray", None)  # what an environment without Ray has
+    result = runner.invoke(app, ["convert", str(FIXTURES / FIXTURE), str(tmp_path / "out"), "--ray", "--json"])
+    assert result.exit_code == 2
+    error = json.loads(result.stdout.splitlines()[0])
+    assert error["error"] == "RayMissingError" and "pip install 'ascendconv[ray]'" in error["hint"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ray_with_part_or_resume_is_a_usage_error(tmp_path):
+    for extra in (["--part", "1/2"], ["--resume"]):
+        result = runner.invoke(app, ["convert", str(FIXTURES / FIXTURE), str(tmp_path / "out"), "--ray", *extra])
+        assert result.exit_code == 2 and "cannot be combined" in result.stderr
