@@ -68,8 +68,9 @@ class ProgressBoard:
         return sum(self.parts.values())
 
 
-def convert_part(src: str, directory: str, options: ConvertOptions, board, number: int) -> None:
-    """One Ray task: convert one part; report progress to `board` at most every PROGRESS_EVERY s."""
+def convert_part(src: str, directory: str, options: ConvertOptions, board, number: int) -> list[str]:
+    """One Ray task: convert one part; report progress to `board` at most every PROGRESS_EVERY s.
+    Returns the shards it reused from a failed attempt of the same part."""
     last = [0.0]
 
     def report(done: int, total: int) -> None:
@@ -78,7 +79,7 @@ def convert_part(src: str, directory: str, options: ConvertOptions, board, numbe
             last[0] = now
             board.update.remote(number, done)
 
-    convert(src, directory, options, report)
+    return convert(src, directory, options, report).reused_shards
 
 
 def convert_on_ray(
@@ -105,7 +106,7 @@ def convert_on_ray(
         count = part_count(ray, plan, ray_options)
         with signals_interrupt(), StagedOutput(out, check) as staged:
             directories = [staged.staging / f".part-{i}-of-{count}" for i in range(1, count + 1)]
-            run_parts(ray, root, directories, options, ray_options, total, progress)
+            reused = run_parts(ray, root, directories, options, ray_options, total, progress)
             parts = checked_parts(directories, options.workers)
             bytes_written, _ = assemble_into(staged.staging, parts)
             for leftover in staged.staging.glob(".*"):  # the parts (their shards are linked) and their locks
@@ -115,14 +116,16 @@ def convert_on_ray(
         if started_ray:
             ray.shutdown()
     digests = {name: digest for part in parts for name, digest in part.manifest["shards"].items()}
-    return ConvertResult(out, plan, options.kernel, time.perf_counter() - started, False, digests, bytes_written)
+    seconds = time.perf_counter() - started
+    return ConvertResult(out, plan, options.kernel, seconds, False, digests, bytes_written, sorted(reused))
 
 
 def run_parts(
     ray, root: Path, directories: list[Path], options: ConvertOptions, ray_options: RayOptions, total: int,
     progress: Progress | None,
-) -> None:
-    """Run part 1..N as Ray tasks; return when all succeeded, raise the first failure's error."""
+) -> list[str]:
+    """Run part 1..N as Ray tasks; when all succeeded, return the shards retries reused; raise the
+    first failure's error."""
     count = len(directories)
     board = ray.remote(num_cpus=0)(ProgressBoard).remote() if progress else None
     task = ray.remote(convert_part).options(
@@ -134,11 +137,12 @@ def run_parts(
     ]
     refs = {task.remote(str(root), str(d), o, board, i): i for i, (d, o) in enumerate(zip(directories, part_options), 1)}
     pending = list(refs)
+    reused: list[str] = []
     try:
         while pending:
             ready, pending = ray.wait(pending, num_returns=len(pending), timeout=PROGRESS_EVERY)
             for ref in ready:
-                _result_of(ray, ref, refs[ref], count, ray_options.max_retries)
+                reused += _result_of(ray, ref, refs[ref], count, ray_options.max_retries)
             if progress:
                 progress(min(ray.get(board.done.remote()), total), total)
     except BaseException:
@@ -147,11 +151,12 @@ def run_parts(
         raise
     if progress:
         progress(total, total)
+    return reused
 
 
-def _result_of(ray, ref, number: int, count: int, retries: int) -> None:
+def _result_of(ray, ref, number: int, count: int, retries: int) -> list[str]:
     try:
-        ray.get(ref)
+        return ray.get(ref)
     except ray.exceptions.RayTaskError as exc:
         cause = getattr(exc, "cause", None)
         if isinstance(cause, AscendconvError):

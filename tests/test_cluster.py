@@ -5,14 +5,19 @@ installed, --ray fails at once saying how to install it."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
+import threading
+import time
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from ascendconv.cli import app
-from ascendconv.convert import ConvertOptions
-from conftest import FIXTURES, load_shard, save_shard
+from ascendconv.convert import ConvertOptions, convert
+from conftest import FIXTURES, load_shard, save_shard, write_large_checkpoint
 
 runner = CliRunner()
 FIXTURE, SCHEME, LIMIT = "deepseek-v3-fp8", "w4a8-mxfp", 100_000  # 6 shards
@@ -87,3 +92,51 @@ def test_ray_with_part_or_resume_is_a_usage_error(tmp_path):
     for extra in (["--part", "1/2"], ["--resume"]):
         result = runner.invoke(app, ["convert", str(FIXTURES / FIXTURE), str(tmp_path / "out"), "--ray", *extra])
         assert result.exit_code == 2 and "cannot be combined" in result.stderr
+
+
+def task_processes(name: str) -> list[int]:
+    """Pids of the Ray workers running task `name` (Ray titles them 'ray::NAME' while they do)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "cmdline").read_bytes().startswith(f"ray::{name}".encode()):
+                pids.append(int(entry.name))
+        except OSError:
+            pass  # ended meanwhile
+    return pids
+
+
+def test_a_killed_task_is_retried_and_resumes_its_part(ray, tmp_path):
+    from ascendconv.cluster import RayOptions, convert_on_ray
+
+    src = write_large_checkpoint(tmp_path / "src", shards=2, linears_per_shard=3, n=1024)
+    options = ConvertOptions(kernel="reference", max_shard_size=10 * 10**6)  # slow enough to catch
+    golden = tmp_path / "golden"
+    convert(src, golden, options)
+    out = tmp_path / "out"
+    outcome = {}
+
+    def drive():
+        try:
+            outcome["result"] = convert_on_ray(src, out, options, RayOptions(parts=1, cpus_per_task=1, max_retries=2))
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    driver = threading.Thread(target=drive)
+    driver.start()
+    recorded: list[str] = []
+    deadline = time.monotonic() + 120
+    while not recorded and time.monotonic() < deadline and driver.is_alive():
+        for ledger in tmp_path.glob(".out.ascendconv-staging-*/..part-1-of-1.ascendconv-staging-*/.ascendconv-resume.json"):
+            try:
+                recorded = list(json.loads(ledger.read_text())["shards"])
+            except (OSError, ValueError):
+                pass
+        time.sleep(0.02)
+    (pid,) = task_processes("convert_part")
+    os.kill(pid, signal.SIGKILL)
+    driver.join(timeout=300)
+    assert "error" not in outcome, outcome.get("error")
+    # the retry adopted the killed attempt's staging: at least the shards seen finished were reused
+    assert set(recorded) <= set(outcome["result"].reused_shards) and recorded
+    assert tree(out) == tree(golden)
