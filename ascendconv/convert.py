@@ -43,7 +43,15 @@ from ascendconv.plan import (
     Plan,
     make_plan,
 )
-from ascendconv.resume import LEDGER_NAME, Ledger, adopter, plan_identity, reusable_shards, sha256_hex
+from ascendconv.resume import (
+    LEDGER_NAME,
+    Ledger,
+    adopter,
+    plan_identity,
+    recorded_shards,
+    sha256_hex,
+    verify_in_background,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -175,14 +183,10 @@ def convert(
         adopt = adopter(identity, out, options.overwrite) if options.resume else None
         workers = worker_count(options.workers)
         with output_errors(out), signals_interrupt(), mapped_reads_guarded(), StagedOutput(out, check, adopt) as staged:
-            files = [plan.shards[i].file for i in wanted]
-            reused = reusable_shards(staged.staging, files, workers) if staged.resumed else {}
-            ledger = Ledger(staged.staging, identity, reused) if options.resume else None
-            todo = [i for i in wanted if plan.shards[i].file not in reused]
-            written = write_shards(
-                source, plan, kernel, staged.staging, workers, progress, todo, ledger.record if ledger else None
-            )
-            digests = {**reused, **written}
+            if options.resume:
+                digests, reused = resume_shards(source, plan, kernel, staged, workers, progress, wanted, identity)
+            else:
+                digests, reused = write_shards(source, plan, kernel, staged.staging, workers, progress, wanted), {}
             if options.part:
                 small_files = write_plan_files(source, plan, staged.staging)
                 write_part_manifest(staged.staging, identity, options.part, digests, small_files)
@@ -213,6 +217,35 @@ def space_to_write(source: SourceCheckpoint, plan: Plan, wanted: list[int], out:
         kept = [p for staging in stale_siblings(out) if STAGING_TAG in staging.name for p in staging.iterdir()]
         needed -= sum(p.stat().st_size for p in kept if p.is_file() and not p.is_symlink())
     return max(needed, 0)
+
+
+def resume_shards(
+    source: SourceCheckpoint,
+    plan: Plan,
+    kernel: Kernel,
+    staged: StagedOutput,
+    workers: int,
+    progress: Progress | None,
+    wanted: list[int],
+    identity: dict,
+) -> tuple[dict[str, str], dict[str, str]]:
+    """Write the wanted shards that an adopted staging does not record as finished, recording each
+    as it closes, while the recorded ones are re-read in the background; a recorded shard whose
+    checksum no longer matches is written after. Returns (every wanted shard's checksum, reused)."""
+    staging = staged.staging
+    recorded = recorded_shards(staging, [plan.shards[i].file for i in wanted]) if staged.resumed else {}
+    ledger = Ledger(staging, identity, recorded)
+    verified = verify_in_background(staging, recorded)
+    todo = [i for i in wanted if plan.shards[i].file not in recorded]
+    digests = write_shards(source, plan, kernel, staging, workers, progress, todo, ledger.record)
+    reused = verified()
+    again = [i for i in wanted if plan.shards[i].file in recorded and plan.shards[i].file not in reused]
+    for i in again:
+        ledger.forget(plan.shards[i].file)
+        (staging / plan.shards[i].file).unlink(missing_ok=True)
+    if again:
+        digests.update(write_shards(source, plan, kernel, staging, workers, progress, again, ledger.record))
+    return {**reused, **digests}, reused
 
 
 # --- the streaming pipeline -------------------------------------------------------------------

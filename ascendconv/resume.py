@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
@@ -126,6 +125,11 @@ class Ledger:
             self.shards[name] = digest
             self._save()
 
+    def forget(self, name: str) -> None:
+        with self._lock:
+            self.shards.pop(name, None)
+            self._save()
+
     def _save(self) -> None:
         write_json_atomic(self.path, {"identity": self.identity, "checksum": SHARD_DIGEST, "shards": self.shards})
 
@@ -151,22 +155,43 @@ def adopter(identity: dict, out: Path, overwrite: bool) -> Callable[[Path], bool
     return adopt
 
 
-def reusable_shards(staging: Path, wanted: list[str], workers: int) -> dict[str, str]:
-    """The shards of an adopted staging that this run wants, that the ledger records as finished and
-    whose bytes still have the recorded checksum. Every other file in the staging (a shard cut short,
-    a shard this run does not want, the files written at the end) is removed."""
+def recorded_shards(staging: Path, wanted: list[str]) -> dict[str, str]:
+    """The shards of an adopted staging that this run wants and that the ledger records as finished
+    (name -> checksum), not yet re-read. Every other file in the staging (a shard cut short, a shard
+    this run does not want, the files written at the end) is removed."""
     ledger = read_json(staging / LEDGER_NAME) or {}
     recorded = ledger.get("shards") if ledger.get("checksum") == SHARD_DIGEST else None
     recorded = recorded if isinstance(recorded, dict) else {}
-    candidates = [name for name in wanted if isinstance(recorded.get(name), str) and (staging / name).is_file()]
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        digests = dict(zip(candidates, pool.map(lambda name: file_digest(staging / name), candidates)))
-    reused = {name: digest for name, digest in digests.items() if digest == recorded[name]}
+    kept = {name: recorded[name] for name in wanted if isinstance(recorded.get(name), str) and (staging / name).is_file()}
     for path in staging.iterdir():
-        if path.name in reused or path.name == LEDGER_NAME:
+        if path.name in kept or path.name == LEDGER_NAME:
             continue
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
         else:
             path.unlink()
-    return reused
+    return kept
+
+
+def verify_in_background(staging: Path, recorded: dict[str, str]) -> Callable[[], dict[str, str]]:
+    """Start re-reading the recorded shards in a thread (it overlaps the conversion of the others);
+    the returned call waits for it and gives the shards whose bytes still have their checksum."""
+    matching: dict[str, str] = {}
+
+    def run() -> None:
+        for name, digest in recorded.items():
+            try:
+                if file_digest(staging / name) == digest:
+                    matching[name] = digest
+            except OSError:
+                pass  # gone or unreadable: converted again
+
+    # a daemon: an interrupted run must not wait for the re-reading to end before it exits
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+
+    def result() -> dict[str, str]:
+        thread.join()
+        return dict(matching)
+
+    return result
