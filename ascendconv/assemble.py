@@ -28,6 +28,7 @@ from ascendconv.errors import (
     ShardChecksumError,
 )
 from ascendconv.io.outdir import StagedOutput, check_output, signals_interrupt
+from ascendconv.io.output import check_output_path, output_errors
 from ascendconv.io.safetensors import SHARD_DIGEST, file_digest
 from ascendconv.parts import PART_FORMAT, assign_parts
 from ascendconv.plan import DESCRIPTION_NAME, PART_MANIFEST_NAME, PROVENANCE_NAME
@@ -207,8 +208,9 @@ def assemble(
         for part in parts:
             check_output(out, part.directory, overwrite, DESCRIPTION_NAME)
 
+    check_output_path(out)
     check()
-    with signals_interrupt(), StagedOutput(out, check) as staged:
+    with output_errors(out), signals_interrupt(), StagedOutput(out, check) as staged:
         bytes_written, linked = assemble_into(staged.staging, parts)
         staged.publish()
     shards = sum(len(p.manifest["shards"]) for p in parts)

@@ -18,9 +18,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ascendconv.assemble import assemble_into, checked_parts
-from ascendconv.convert import ConvertOptions, ConvertResult, Kernel, Progress, convert, plan_for
+from ascendconv.convert import ConvertOptions, ConvertResult, Kernel, Progress, convert, plan_for, space_to_write
 from ascendconv.errors import AscendconvError, PartFailedError, RayMissingError
 from ascendconv.io.outdir import StagedOutput, check_output, signals_interrupt
+from ascendconv.io.output import check_free_space, check_output_path, output_errors
 from ascendconv.io.source import SourceCheckpoint
 from ascendconv.plan import DESCRIPTION_NAME, Plan
 
@@ -95,16 +96,18 @@ def convert_on_ray(
         Kernel(options.kernel)  # an unknown kernel fails here, not in every task
         total = source_bytes(source, plan)
         root = Path(source.root).absolute()
+        check = lambda: check_output(out, root, options.overwrite, DESCRIPTION_NAME)  # noqa: E731
+        check_output_path(out)
+        check()
+        check_free_space(out, space_to_write(source, plan, list(range(len(plan.shards))), out, False))
     finally:
         source.close()
-    check = lambda: check_output(out, root, options.overwrite, DESCRIPTION_NAME)  # noqa: E731
-    check()
     started_ray = not ray.is_initialized()
     if started_ray:
         ray.init(address=ray_options.address, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     try:
         count = part_count(ray, plan, ray_options)
-        with signals_interrupt(), StagedOutput(out, check) as staged:
+        with output_errors(out), signals_interrupt(), StagedOutput(out, check) as staged:
             directories = [staged.staging / f".part-{i}-of-{count}" for i in range(1, count + 1)]
             reused = run_parts(ray, root, directories, options, ray_options, total, progress)
             parts = checked_parts(directories, options.workers)
