@@ -212,3 +212,16 @@ def test_without_resume_a_failed_run_leaves_nothing_and_discards_kept_work(large
     result = convert(src, out, plain)  # the old behaviour: stale staging is removed, all converted
     assert result.reused_shards == [] and stagings(out) == []
     assert tree(out) == tree(fast_golden)
+
+
+def test_a_part_resumes_too(large, fast_golden, tmp_path):
+    src, _ = large
+    out = tmp_path / "part"
+    options = with_options(FAST, part=(1, 2))
+    finished = interrupted_half_way(src, out, options)
+    result = convert(src, out, options)
+    assert finished and sorted(result.reused_shards) == finished
+    manifest = json.loads((out / "ascendconv_part.json").read_text())
+    assert set(finished) < set(manifest["shards"])
+    for name in manifest["shards"]:
+        assert (out / name).read_bytes() == (fast_golden / name).read_bytes()
