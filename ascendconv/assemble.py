@@ -29,7 +29,7 @@ from ascendconv.errors import (
 )
 from ascendconv.io.outdir import StagedOutput, check_output, signals_interrupt
 from ascendconv.io.output import check_output_path, output_errors
-from ascendconv.io.safetensors import SHARD_DIGEST, file_digest
+from ascendconv.io.checksum import CHECKSUM, file_digest
 from ascendconv.parts import PART_FORMAT, assign_parts
 from ascendconv.plan import DESCRIPTION_NAME, PART_MANIFEST_NAME, PROVENANCE_NAME
 from ascendconv.resume import differences, fingerprint, read_json, sha256_hex
@@ -126,8 +126,8 @@ def check_parts(parts: list[Part]) -> None:
     assignment = assign_parts([nbytes for _, nbytes in planned], count)
     for number, members in enumerate(assignment, start=1):
         part = by_number[number]
-        if part.manifest["checksum"] != SHARD_DIGEST:
-            raise ForeignPartError(f"{part.label}: records {part.manifest['checksum']} checksums, this version {SHARD_DIGEST}")
+        if part.manifest["checksum"] != CHECKSUM:
+            raise ForeignPartError(f"{part.label}: records {part.manifest['checksum']} checksums, this version {CHECKSUM}")
         expected = sorted(planned[i][0] for i in members)
         if sorted(part.manifest["shards"]) != expected:
             raise PartError(f"{part.label}: holds shards {sorted(part.manifest['shards'])}, the plan gives it {expected}")
@@ -141,12 +141,12 @@ def check_files(parts: list[Part], workers: int, progress: Progress | None) -> N
 
     def digest_of(job) -> tuple[str | None, int]:
         path = job[0].directory / job[1]
-        return (file_digest(path), path.stat().st_size) if path.is_file() else (None, 0)
+        return (file_digest(path, CHECKSUM), path.stat().st_size) if path.is_file() else (None, 0)
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         for (part, name, want), (got, size) in zip(jobs, pool.map(digest_of, jobs)):
             if got != want:
-                state = "is missing" if got is None else f"has {SHARD_DIGEST} {got[:16]}..., not the {want[:16]}... recorded"
+                state = "is missing" if got is None else f"has {CHECKSUM} {got[:16]}..., not the {want[:16]}... recorded"
                 raise ShardChecksumError(f"{part.directory / name}: {state} in {part.label}'s manifest")
             done += size
             if progress:

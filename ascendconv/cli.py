@@ -183,7 +183,7 @@ def render_convert(result) -> None:
     plan = result.plan
     head = "plan (dry run, nothing written)" if result.dry_run else f"wrote {result.output}"
     if result.part:
-        head += f" (part {result.part[0]} of {result.part[1]}: {_plural(len(result.shard_sha256), 'shard')})"
+        head += f" (part {result.part[0]} of {result.part[1]}: {_plural(len(result.shard_checksums), 'shard')})"
     out.print(Text(head, style="bold"))
     if result.reused_shards:
         out.print(f"resumed: {_plural(len(result.reused_shards), 'finished shard')} reused, the rest converted")

@@ -105,7 +105,7 @@ class ConvertResult:
             "bytes_out": self.bytes_written if not self.dry_run else self.plan.bytes_out,
             "seconds": round(self.seconds, 3),
             "part": list(self.part) if self.part else None,
-            "written_shards": sorted(self.shard_sha256.keys() - set(self.reused_shards)),
+            "written_shards": sorted(self.shard_checksums.keys() - set(self.reused_shards)),
             "reused_shards": self.reused_shards,
         }
 

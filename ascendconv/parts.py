@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 from ascendconv.errors import BadOptionError
-from ascendconv.io.safetensors import SHARD_DIGEST
+from ascendconv.io.checksum import CHECKSUM
 from ascendconv.plan import PART_MANIFEST_NAME, Plan
 from ascendconv.resume import fingerprint, sha256_hex, write_json_atomic
 
@@ -59,7 +59,7 @@ def write_part_manifest(
             "parts": count,
             "fingerprint": fingerprint(identity),
             "identity": identity,
-            "checksum": SHARD_DIGEST,
+            "checksum": CHECKSUM,
             "shards": dict(sorted(digests.items())),
             "files": {name: sha256_hex((directory / name).read_bytes()) for name in sorted(files)},
         },

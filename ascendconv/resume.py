@@ -19,8 +19,8 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-from ascendconv.errors import ResumeMismatchError
-from ascendconv.io.safetensors import SHARD_DIGEST, file_digest
+from ascendconv.errors import AscendconvError, ResumeMismatchError
+from ascendconv.io.checksum import CHECKSUM, file_digest
 from ascendconv.plan import Plan
 
 LEDGER_NAME = ".ascendconv-resume.json"  # hidden: a source file of that name is never copied
@@ -131,7 +131,7 @@ class Ledger:
             self._save()
 
     def _save(self) -> None:
-        write_json_atomic(self.path, {"identity": self.identity, "checksum": SHARD_DIGEST, "shards": self.shards})
+        write_json_atomic(self.path, {"identity": self.identity, "checksum": CHECKSUM, "shards": self.shards})
 
 
 def adopter(identity: dict, out: Path, overwrite: bool) -> Callable[[Path], bool]:
@@ -160,7 +160,7 @@ def recorded_shards(staging: Path, wanted: list[str]) -> dict[str, str]:
     (name -> checksum), not yet re-read. Every other file in the staging (a shard cut short, a shard
     this run does not want, the files written at the end) is removed."""
     ledger = read_json(staging / LEDGER_NAME) or {}
-    recorded = ledger.get("shards") if ledger.get("checksum") == SHARD_DIGEST else None
+    recorded = ledger.get("shards") if ledger.get("checksum") == CHECKSUM else None
     recorded = recorded if isinstance(recorded, dict) else {}
     kept = {name: recorded[name] for name in wanted if isinstance(recorded.get(name), str) and (staging / name).is_file()}
     for path in staging.iterdir():
@@ -181,10 +181,10 @@ def verify_in_background(staging: Path, recorded: dict[str, str]) -> Callable[[]
     def run() -> None:
         for name, digest in recorded.items():
             try:
-                if file_digest(staging / name) == digest:
+                if file_digest(staging / name, CHECKSUM) == digest:
                     matching[name] = digest
-            except OSError:
-                pass  # gone or unreadable: converted again
+            except (OSError, AscendconvError):
+                pass  # gone, unreadable or no longer a regular file: converted again
 
     # a daemon: an interrupted run must not wait for the re-reading to end before it exits
     thread = threading.Thread(target=run, daemon=True)

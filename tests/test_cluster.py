@@ -45,7 +45,7 @@ def test_parts_as_ray_tasks_give_the_one_process_package(ray, converted, tmp_pat
                             lambda done, total: seen.append((done, total)))
     assert tree(tmp_path / "out") == tree(golden)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no staging, parts or lock left
-    assert result.shard_sha256.keys() == {p.name for p in golden.glob("*.safetensors")}
+    assert result.shard_checksums.keys() == {p.name for p in golden.glob("*.safetensors")}
     total = seen[-1][1]
     assert all(t == total for _, t in seen) and seen[-1][0] == total > 0
     assert [done for done, _ in seen] == sorted(done for done, _ in seen)  # one bar, never going back

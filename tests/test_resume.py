@@ -18,7 +18,8 @@ from ascendconv.cli import app
 from ascendconv.convert import ConvertOptions, convert, plan_for
 from ascendconv.errors import ResumeMismatchError
 from ascendconv.io.outdir import STAGING_TAG
-from ascendconv.io.safetensors import SHARD_DIGEST, ShardWriter, TensorSpec, file_digest
+from ascendconv.io.checksum import CHECKSUM, file_digest
+from ascendconv.io.safetensors import ShardWriter, TensorSpec
 from ascendconv.io.source import SourceCheckpoint
 from ascendconv.resume import LEDGER_NAME
 from conftest import write_large_checkpoint
@@ -72,7 +73,7 @@ def test_file_digest_is_what_the_shard_writer_returns(tmp_path):
     for nbytes in (10, 3 * 2**20 + 5):  # small (buffered) and large (O_DIRECT) shards
         writer = ShardWriter(tmp_path / "s.safetensors", [TensorSpec("t", "U8", (nbytes,))])
         writer.write("t", bytes(range(256)) * (nbytes // 256) + bytes(nbytes % 256))
-        assert writer.close() == file_digest(tmp_path / "s.safetensors")
+        assert writer.close() == file_digest(tmp_path / "s.safetensors", CHECKSUM)
 
 
 def start(src: Path, out: Path) -> subprocess.Popen:
@@ -109,7 +110,7 @@ def test_a_killed_run_resumes_converting_only_the_unfinished_shards(large, tmp_p
     assert not out.exists()
     ledger = ledger_of(out)
     finished = sorted(ledger["shards"])
-    assert ledger["checksum"] == SHARD_DIGEST and 1 <= len(finished) < 6
+    assert ledger["checksum"] == CHECKSUM and 1 <= len(finished) < 6
     (staging,) = stagings(out)
     before = {name: ((staging / name).stat().st_ino, (staging / name).stat().st_mtime_ns) for name in finished}
 

@@ -610,16 +610,3 @@ class ShardWriter:
     def abort(self) -> None:
         self._file.abort()
 
-
-SHARD_DIGEST = "sha256"  # what ShardWriter.close returns; manifests name it so a change is never silent
-
-
-def file_digest(path: str | os.PathLike, chunk_bytes: int = 16 * 2**20) -> str:
-    """The SHARD_DIGEST of a file as ShardWriter computes it while writing, read back from disk."""
-    digest = hashlib.new(SHARD_DIGEST)
-    with open(path, "rb", buffering=0) as f:
-        buffer = bytearray(chunk_bytes)
-        view = memoryview(buffer)
-        while n := f.readinto(buffer):
-            digest.update(view[:n])
-    return digest.hexdigest()
