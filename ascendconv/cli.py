@@ -96,6 +96,18 @@ def byte_progress(enabled: bool, label: str):
     return bar, lambda done, total: bar.update(task, completed=done, total=total)
 
 
+# The deployment options, one meaning for convert, inspect and verify.
+TP_OPTION = typer.Option(
+    1, "--tp", metavar="T", help="Tensor-parallel ranks vLLM will use: row-parallel layers must align with K/T."
+)
+EP_OPTION = typer.Option(False, "--ep", help="Expert parallelism: routed experts are placed whole, not split over --tp.")
+SHARED_AS_ROUTED_OPTION = typer.Option(
+    False,
+    "--shared-experts-as-routed",
+    help="Shared experts take the routed experts' type (for vllm-ascend's mix_placement).",
+)
+
+
 @app.command()
 def convert(
     src: str = typer.Argument(..., help="Source checkpoint directory (or a repo id in the local HF cache)."),
@@ -122,12 +134,15 @@ def convert(
     ray_parts: int = typer.Option(0, help="Parts under --ray; 0: one per task slot, at most one per shard."),
     ray_cpus: int = typer.Option(2, help="CPUs per Ray task (its conversion threads)."),
     ray_retries: int = typer.Option(2, help="Retries of a failed Ray task; each reuses the shards it finished."),
+    tp: int = TP_OPTION,
+    ep: bool = EP_OPTION,
+    shared_experts_as_routed: bool = SHARED_AS_ROUTED_OPTION,
 ) -> None:
     """Convert a block-FP8 checkpoint into an AscendV1 W8A8_MXFP8 / W4A8_MXFP package."""
     from ascendconv.convert import ConvertOptions, convert as run_convert
     from ascendconv.parts import parse_part
     from ascendconv.io.hfcache import resolve_source
-    from ascendconv.plan import Override, parse_size
+    from ascendconv.plan import Deployment, Override, parse_size
 
     # A one-shot process: every full collection would walk the objects numba and numpy created at
     # import, for nothing. Move them out of the collector's way (this also spares the final
@@ -146,6 +161,7 @@ def convert(
             overwrite=overwrite,
             resume=resume,
             part=parse_part(part) if part is not None else None,
+            deployment=Deployment(tp, ep, shared_experts_as_routed),
         )
         runner = run_convert
         if (ray or ray_address) and not dry_run:
@@ -253,12 +269,16 @@ def inspect_command(
         None, "--filter", metavar="GLOB", help="Only tensors whose name matches GLOB, e.g. '*.experts.0.*' (implies --tensors)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout (see docs/inspect.md)."),
+    tp: int = TP_OPTION,
+    ep: bool = EP_OPTION,
+    shared_experts_as_routed: bool = SHARED_AS_ROUTED_OPTION,
 ) -> None:
     """Show what a checkpoint or a package holds, from headers only (no tensor data is read)."""
     from ascendconv.inspect import inspect_path
+    from ascendconv.plan import Deployment
 
     glob = tensor_filter if tensor_filter is not None else ("*" if tensors else None)
-    report = run(lambda: inspect_path(src, tensors=glob), as_json)
+    report = run(lambda: inspect_path(src, tensors=glob, deployment=Deployment(tp, ep, shared_experts_as_routed)), as_json)
     if as_json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
@@ -570,7 +590,8 @@ def _render_tensor_list(report, console: Console) -> None:
 @app.command("verify")
 def verify_command(
     package: Path = typer.Argument(..., metavar="OUT", help="The package directory to check."),
-    tp: int = typer.Option(1, "--tp", metavar="T", help="Also check the tensor-parallel splits over T ranks."),
+    tp: int = TP_OPTION,
+    ep: bool = EP_OPTION,
     checksums: bool = typer.Option(True, "--checksums/--no-checksums", help="Check each shard's checksum (BLAKE3; sha256 for older packages) against the provenance file."),
     source: Optional[str] = typer.Option(
         None, "--source", metavar="SRC", help="The block-FP8 checkpoint the package came from: enables the numerical checks."
@@ -609,6 +630,7 @@ def verify_command(
     def action():
         options = VerifyOptions(
             tp=tp,
+            ep=ep,
             checksums=checksums,
             source=resolve_source(source) if source is not None else None,
             exact="full" if exact_full else ("sample" if exact else "off"),

@@ -38,6 +38,7 @@ from ascendconv.plan import (
     DESCRIPTION_NAME,
     INDEX_NAME,
     PROVENANCE_NAME,
+    Deployment,
     OutputTensor,
     Override,
     Plan,
@@ -78,6 +79,7 @@ class ConvertOptions:
     overwrite: bool = False
     resume: bool = False  # keep staging on failure; reuse the finished shards of a kept one
     part: tuple[int, int] | None = None  # (I, N): write only part I of N (see parts.py)
+    deployment: Deployment = field(default_factory=Deployment)  # --tp, --ep, --shared-experts-as-routed
 
     def __post_init__(self) -> None:
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 0:
@@ -107,6 +109,8 @@ class ConvertResult:
             "part": list(self.part) if self.part else None,
             "written_shards": sorted(self.shard_checksums.keys() - set(self.reused_shards)),
             "reused_shards": self.reused_shards,
+            # what a dry run would write as quant_model_description.json, for review before the run
+            **({"description": self.plan.description()} if self.dry_run else {}),
         }
 
 
@@ -149,6 +153,8 @@ def plan_for(source: SourceCheckpoint, options: ConvertOptions) -> Plan:
         overrides=options.overrides,
         max_shard_size=options.max_shard_size,
         unsafe_files=unsafe,
+        config=source.config,
+        deployment=options.deployment,
     )
 
 

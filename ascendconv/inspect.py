@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ascendconv.convert import ConvertOptions, plan_for
 from ascendconv.errors import PackageError, UnrecognizedCheckpointError, shown
-from ascendconv.formats.constants import FLOAT
+from ascendconv.formats.constants import FLOAT, W8A8_MXFP8
 from ascendconv.io.files import file_size
 from ascendconv.io.hfcache import resolve_source
 from ascendconv.io.package import Package, is_package
@@ -34,7 +34,8 @@ from ascendconv.io.source import (
     load_config,
     merge_headers,
 )
-from ascendconv.plan import DESCRIPTION_NAME, RANK, SCHEMES, module_pattern
+from ascendconv.models import ModelRules, expert_count, model_type_of, rules_for
+from ascendconv.plan import DESCRIPTION_NAME, RANK, SCHEMES, Deployment, Plan, module_pattern
 from ascendconv.plan import INDEX_NAME as PACKAGE_INDEX_NAME
 
 SCHEMA_VERSION = 1
@@ -56,8 +57,6 @@ PLAIN_DTYPES = ("BF16", "F16", "F32", "F64")  # a float checkpoint holds these (
 FP8_DTYPES = ("F8_E4M3", "F8_E5M2", "F8_E8M0")
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
-_EXPERT = re.compile(r"(?:^|\.)layers\.(\d+)\..*?\bexperts\.(\d+)\.")
-_CONFIG_EXPERT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts")
 
 
 def natural_key(text: str) -> tuple:
@@ -150,10 +149,14 @@ class SchemeEstimate:
     bytes_out: int  # tensor data bytes of the package
     shards: int  # at the default 4 GiB shard limit
     fallbacks: list[Fallback]
+    kept_float: dict[str, int]  # modules the model's rules keep FLOAT, per reason
+    runtime: list[str]  # what vllm-ascend will run with this package
 
     def to_dict(self) -> dict:
         return {
             "model_quant_type": self.model_quant_type,
+            "kept_float": dict(self.kept_float),
+            "runtime": list(self.runtime),
             "modules": dict(self.modules),
             "tensors": dict(self.tensors),
             "bytes_out": self.bytes_out,
@@ -182,6 +185,12 @@ class InspectReport:
     fp8_linears: int
     groups: list[ModuleGroup]
     schemes: dict[str, SchemeEstimate] | None  # source only
+    family: str = "generic"  # the model knowledge applied (models.py)
+    mtp_layers: list[str] = field(default_factory=list)  # 'model.layers.61', 'mtp'
+    shared_expert_layers: int = 0  # MoE layers with a shared expert
+    indexer_layers: int = 0  # layers with a DeepSeek-V3.2 indexer
+    deployment: dict | None = None  # source only: the --tp / --ep / --shared-experts-as-routed planned for
+    warnings: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     tensor_filter: str | None = None
     tensors: list[TensorRow] | None = None  # only when asked for
@@ -211,11 +220,17 @@ class InspectReport:
                 "by_quant_type": {k: v.to_dict() for k, v in self.by_quant_type.items()},
             },
             "structure": {
+                "family": self.family,
                 "layers": self.layers,
                 "moe_layers": self.moe_layers,
                 "routed_experts": self.routed_experts,
+                "shared_expert_layers": self.shared_expert_layers,
+                "mtp_layers": list(self.mtp_layers),
+                "indexer_layers": self.indexer_layers,
                 "fp8_linears": self.fp8_linears,
             },
+            "deployment": None if self.deployment is None else dict(self.deployment),
+            "warnings": list(self.warnings),
             "groups": [g.to_dict() for g in self.groups],
             "schemes": None if self.schemes is None else {s: e.to_dict() for s, e in self.schemes.items()},
             "problems": list(self.problems),
@@ -240,10 +255,10 @@ def _model_summary(config: dict | None) -> dict:
         return None
 
     return {
-        "model_type": config.get("model_type") if isinstance(config.get("model_type"), str) else None,
+        "model_type": model_type_of(config),
         "architectures": [a for a in architectures if isinstance(a, str)] if isinstance(architectures, list) else [],
         "num_hidden_layers": pick("num_hidden_layers"),
-        "num_experts": pick(*_CONFIG_EXPERT_KEYS),
+        "num_experts": expert_count(config),
     }
 
 
@@ -262,18 +277,52 @@ def _tally(tensors: dict[str, TensorEntry], quant_type_of) -> tuple[dict[str, Co
     return ordered(by_dtype), ordered(by_type)
 
 
-def _structure(names) -> tuple[int, int, int]:
-    """(layers, layers with routed experts, routed experts) from tensor names alone."""
+@dataclass
+class _Structure:
+    layers: int = 0
+    moe_layers: int = 0
+    routed_experts: int = 0
+    shared_expert_layers: int = 0
+    mtp_layers: list[str] = field(default_factory=list)
+    indexer_layers: int = 0
+
+    def fields(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _structure(names, rules: ModelRules) -> _Structure:
+    """Layers, MoE layers, experts, MTP layers and indexers from tensor names, by the model's rules."""
     layers: set[str] = set()
+    mtp: dict[str, None] = {}
     experts: dict[str, set[str]] = {}
+    shared: set[str] = set()
+    indexers: set[str] = set()
     for name in names:
-        layer = _LAYER.search(name)
-        if layer:
-            layers.add(layer[1])
-        expert = _EXPERT.search(name)  # '\bexperts' does not match 'shared_experts'
-        if expert:
-            experts.setdefault(expert[1], set()).add(expert[2])
-    return len(layers), len(experts), max((len(e) for e in experts.values()), default=0)
+        mtp_label = rules.mtp_label(name)
+        if mtp_label is not None:
+            mtp[mtp_label] = None
+        else:
+            layer = _LAYER.search(name)
+            if layer:
+                layers.add(layer[1])
+        prefix = name.rpartition(".")[0]
+        routed = rules.routed_expert(prefix)
+        if routed:
+            experts.setdefault(routed["layer"], set()).add(routed["expert"])
+            continue
+        shared_in = rules.shared_expert_layer(prefix)
+        if shared_in is not None:
+            shared.add(shared_in)
+        elif ".indexer." in prefix:
+            indexers.add(prefix.partition(".indexer.")[0])
+    return _Structure(
+        layers=len(layers),
+        moe_layers=len(experts),
+        routed_experts=max((len(e) for e in experts.values()), default=0),
+        shared_expert_layers=len(shared),
+        mtp_layers=sorted(mtp, key=natural_key),
+        indexer_layers=len(indexers),
+    )
 
 
 def _module_weights(tensors: dict[str, TensorEntry]) -> dict[str, TensorEntry]:
@@ -326,15 +375,72 @@ def _rows(tensors: dict[str, TensorEntry], glob: str | None, quant_type_of) -> l
     ]
 
 
+def runtime_notes(plan: Plan) -> list[str]:
+    """What vllm-ascend will run with the package this plan writes, in short sentences."""
+    notes = []
+    by_group: dict[str, str] = {d.group: d.written for d in plan.decisions.values()}
+    moe = Counter(t for g, t in by_group.items() if g.endswith(".experts"))
+    if moe:
+        types = ", ".join(f"{n} {t}" for t, n in sorted(moe.items(), key=lambda kv: -RANK[kv[0]]))
+        notes.append(f"MoE layers: {types} (FLOAT experts run the unquantized fused MoE)")
+    if plan.rules.family.mla:
+        # vllm-ascend enables the fused MLA prolog (VLLM_ASCEND_ENABLE_MLAPO) only where the layer's
+        # fused_qkv_a_proj (q_a_proj + kv_a_proj_with_mqa) is W8A8 (MXFP8 on Ascend 950); elsewhere it
+        # turns it off for that layer with a warning
+        qkv_a = Counter(t for g, t in by_group.items() if g.endswith(".fused_qkv_a_proj"))
+        off = sum(n for t, n in qkv_a.items() if t != W8A8_MXFP8)
+        if qkv_a and off:
+            kinds = "/".join(sorted({t for t in qkv_a if t != W8A8_MXFP8}))
+            notes.append(
+                f"fused MLA prolog (VLLM_ASCEND_ENABLE_MLAPO) off in {off} of {sum(qkv_a.values())} layers: "
+                f"q_a_proj/kv_a_proj_with_mqa are {kinds}, it needs W8A8_MXFP8"
+            )
+        elif qkv_a:
+            notes.append("fused MLA prolog (VLLM_ASCEND_ENABLE_MLAPO) available: q_a_proj/kv_a_proj_with_mqa are W8A8_MXFP8")
+    for reason, count in plan.kept_float().items():
+        notes.append(f"{count} modules FLOAT: {reason}")
+    mtp_quantized = sum(1 for d in plan.decisions.values() if d.written != FLOAT and plan.rules.is_mtp(d.module))
+    if mtp_quantized:
+        notes.append(f"{mtp_quantized} MTP modules quantized by --override: vllm-ascend expects the MTP layer FLOAT")
+    if plan.fallbacks:
+        notes.append(f"{len(plan.fallbacks)} fallbacks (see fallbacks), planned for --tp {plan.deployment.tp}"
+                     + (" --ep" if plan.deployment.ep else ""))
+    mixed = _shared_vs_routed(plan)
+    if mixed:
+        notes.append(
+            f"{mixed} MoE layers hold shared experts of another type than their routed experts: do not enable "
+            "mix_placement, or convert with --shared-experts-as-routed"
+        )
+    return notes
+
+
+def _shared_vs_routed(plan: Plan) -> int:
+    """MoE layers whose shared expert is written in another type than their routed experts."""
+    routed: dict[str, str] = {}
+    shared: dict[str, str] = {}
+    for decision in plan.decisions.values():
+        expert = plan.rules.routed_expert(decision.module)
+        if expert is not None:
+            routed[expert["layer"]] = decision.written
+            continue
+        layer = plan.rules.shared_expert_layer(decision.module)
+        if layer is not None:
+            shared[layer] = decision.written
+    return sum(1 for layer, t in shared.items() if layer in routed and routed[layer] != t)
+
+
 # --- the three kinds ------------------------------------------------------------------------------
 
 
-def inspect_path(path: str | os.PathLike, tensors: str | None = None) -> InspectReport:
+def inspect_path(
+    path: str | os.PathLike, tensors: str | None = None, deployment: Deployment | None = None
+) -> InspectReport:
     """Recognise what `path` holds and report on it from headers alone.
 
     `path` is a directory or a Hugging Face repo id present in the local cache (never downloaded).
     `tensors` is a glob on tensor names: when given, the report lists the matching tensors ("*" for
-    all). Raises a project error (exit code 3) for anything that is not a block-FP8 checkpoint, a
+    all). `deployment` (--tp, --ep, --shared-experts-as-routed) is what a source's per-scheme plans
+    are made for. Raises a project error (exit code 3) for anything that is not a block-FP8 checkpoint, a
     plain float checkpoint or an AscendV1 package, and for a source whose headers are invalid.
     """
     root = resolve_source(str(path))
@@ -350,11 +456,11 @@ def inspect_path(path: str | os.PathLike, tensors: str | None = None) -> Inspect
     config, config_path = load_config(root)
     quant, _ = find_quantization_config(config)
     if quant is not None:
-        return _inspect_source(root, tensors)
+        return _inspect_source(root, tensors, deployment or Deployment())
     return _inspect_plain(root, config, config_path, tensors)
 
 
-def _inspect_source(root: Path, glob: str | None) -> InspectReport:
+def _inspect_source(root: Path, glob: str | None, deployment: Deployment) -> InspectReport:
     source = SourceCheckpoint.open(root)  # named errors for every header-level problem
     try:
         quant = source.quant
@@ -367,7 +473,7 @@ def _inspect_source(root: Path, glob: str | None) -> InspectReport:
         estimates: dict[str, SchemeEstimate] = {}
         written: dict[str, dict[str, str]] = {}
         for scheme in SCHEMES:
-            plan = plan_for(source, ConvertOptions(scheme=scheme))
+            plan = plan_for(source, ConvertOptions(scheme=scheme, deployment=deployment))
             written[scheme] = {m: d.written for m, d in plan.decisions.items()}
             estimates[scheme] = SchemeEstimate(
                 scheme=scheme,
@@ -380,10 +486,13 @@ def _inspect_source(root: Path, glob: str | None) -> InspectReport:
                     Fallback(d.module, module_pattern(d.module), d.requested, d.written, d.reason)
                     for d in sorted(plan.fallbacks, key=lambda d: natural_key(d.module))
                 ],
+                kept_float=plan.kept_float(),
+                runtime=runtime_notes(plan),
             )
         modules = _module_weights({n: e for n, e in source.tensors.items() if n not in scale_names})
         by_dtype, by_type = _tally(source.tensors, quant_type_of)
-        layers, moe_layers, experts = _structure(source.tensors)
+        rules = rules_for(source.config)
+        structure = _structure(source.tensors, rules)
         index = SOURCE_INDEX_NAME if (root / SOURCE_INDEX_NAME).is_file() else None
         quant_config, _ = find_quantization_config(source.config)
         return InspectReport(
@@ -408,9 +517,10 @@ def _inspect_source(root: Path, glob: str | None) -> InspectReport:
             tensor_count=len(source.tensors),
             by_dtype=by_dtype,
             by_quant_type=by_type,
-            layers=layers,
-            moe_layers=moe_layers,
-            routed_experts=experts,
+            **structure.fields(),
+            family=rules.family.label,
+            deployment=deployment.to_dict(),
+            warnings=[rules.warning] if rules.warning else [],
             fp8_linears=len(source.linears),
             groups=_groups(modules, lambda m: FP8_BLOCK if m in source.linears else FLOAT, written),
             schemes=estimates,
@@ -442,7 +552,8 @@ def _inspect_plain(root: Path, config: dict, config_path: Path, glob: str | None
             "inspect recognises block-FP8 and BF16/F16/F32 Hugging Face checkpoints and AscendV1 packages",
         )
     by_dtype, by_type = _tally(tensors, lambda n: FLOAT)
-    layers, moe_layers, experts = _structure(tensors)
+    rules = rules_for(config)
+    structure = _structure(tensors, rules)
     return InspectReport(
         kind=KIND_PLAIN,
         path=root,
@@ -456,9 +567,8 @@ def _inspect_plain(root: Path, config: dict, config_path: Path, glob: str | None
         tensor_count=len(tensors),
         by_dtype=by_dtype,
         by_quant_type=by_type,
-        layers=layers,
-        moe_layers=moe_layers,
-        routed_experts=experts,
+        **structure.fields(),
+        family=rules.family.label,
         fp8_linears=0,
         groups=_groups(_module_weights(tensors), lambda m: FLOAT),
         schemes=None,
@@ -499,7 +609,8 @@ def _inspect_package(root: Path, glob: str | None) -> InspectReport:
     provenance = package.provenance or {}
     source = provenance.get("source") if isinstance(provenance.get("source"), dict) else {}
     by_dtype, by_type = _tally(package.tensors, quant_type_of)
-    layers, moe_layers, experts = _structure(package.tensors)
+    rules = rules_for(package.config)
+    structure = _structure(package.tensors, rules)
     shards = [
         ShardInfo(f, len(package.headers[f].tensors) if f in package.headers else None, file_size(root / f))
         for f in package.shard_files
@@ -533,9 +644,8 @@ def _inspect_package(root: Path, glob: str | None) -> InspectReport:
         tensor_count=len(package.tensors),
         by_dtype=by_dtype,
         by_quant_type=by_type,
-        layers=layers,
-        moe_layers=moe_layers,
-        routed_experts=experts,
+        **structure.fields(),
+        family=rules.family.label,
         fp8_linears=0,
         groups=_groups(_module_weights(package.tensors), lambda m: quant_type_of(m + WEIGHT_SUFFIX)),
         schemes=None,

@@ -14,6 +14,7 @@ from ascendconv.errors import BadOptionError
 from ascendconv.formats.constants import FLOAT, GROUP_SIZE, W4A8_MXFP, W8A8_MXFP8
 from ascendconv.io.safetensors import TensorEntry, TensorSpec, tensor_nbytes
 from ascendconv.io.source import Fp8Linear
+from ascendconv.models import ModelRules, rules_for, tp_role
 
 SCHEMES = ("w8a8-mxfp8", "w4a8-mxfp", "w4a8-mxfp-moe")
 QUANT_TYPES = (FLOAT, W8A8_MXFP8, W4A8_MXFP)
@@ -27,16 +28,6 @@ DESCRIPTION_NAME = "quant_model_description.json"
 PROVENANCE_NAME = "ascendconv_provenance.json"
 PART_MANIFEST_NAME = "ascendconv_part.json"  # in a part directory (convert --part), see parts.py
 DEFAULT_MAX_SHARD_SIZE = 4 * 1024**3  # msModelSlim's part_file_size
-
-ROUTED_EXPERT = re.compile(r"^(?P<layer>.*\.mlp)\.experts\.\d+\.(gate_proj|up_proj|down_proj)$")
-# Modules the runtime fuses into one parameter: they must share one type (contract section 3).
-PACKED_GROUPS = (
-    (re.compile(r"^(?P<base>.*)\.(q_proj|k_proj|v_proj)$"), "qkv_proj"),
-    (re.compile(r"^(?P<base>.*)\.(gate_proj|up_proj)$"), "gate_up_proj"),
-    (re.compile(r"^(?P<base>.*)\.(q_a_proj|kv_a_proj_with_mqa)$"), "fused_qkv_a_proj"),
-)
-# vllm-ascend absorbs MLA's kv_b_proj into attention and keeps it in float (contract section 3).
-FLOAT_BY_DEFAULT = re.compile(r"\.kv_b_proj$")
 
 # Files of the source directory never carried into the package: weights in any format, and the
 # source's own index. vLLM loads every *.safetensors in the directory.
@@ -61,16 +52,34 @@ class Override:
         return cls(glob, quant_type)
 
 
-def packed_group(prefix: str) -> str:
+GENERIC_RULES = rules_for(None)
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """How vLLM will run the package: the plan checks each type's K rule per rank.
+
+    tp: tensor-parallel ranks (row-parallel linears split K over them). ep: expert parallelism
+    (routed experts are placed whole on ranks, never split). shared_experts_as_routed: shared
+    experts take the routed experts' type and rules (vllm-ascend's mix_placement loads them into the
+    routed experts' tensor).
+    """
+
+    tp: int = 1
+    ep: bool = False
+    shared_experts_as_routed: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tp, int) or self.tp < 1:
+            raise BadOptionError(f"--tp {self.tp}: the tensor-parallel size must be at least 1")
+
+    def to_dict(self) -> dict:
+        return {"tp": self.tp, "ep": self.ep, "shared_experts_as_routed": self.shared_experts_as_routed}
+
+
+def packed_group(prefix: str, rules: ModelRules = GENERIC_RULES) -> str:
     """The group a module's type is decided with: a whole MoE layer, a packed set, or itself."""
-    routed = ROUTED_EXPERT.match(prefix)
-    if routed:
-        return routed["layer"] + ".experts"
-    for pattern, fused in PACKED_GROUPS:
-        match = pattern.match(prefix)
-        if match:
-            return f"{match['base']}.{fused}"
-    return prefix
+    return rules.packed_group(prefix)
 
 
 NUMBERED_SEGMENT = re.compile(r"(?<=\.)\d+(?=\.|$)")
@@ -81,21 +90,24 @@ def module_pattern(name: str) -> str:
     return NUMBERED_SEGMENT.sub("*", name)
 
 
-def is_routed_expert(prefix: str) -> bool:
-    return ROUTED_EXPERT.match(prefix) is not None
+def is_routed_expert(prefix: str, rules: ModelRules = GENERIC_RULES) -> bool:
+    return rules.routed_expert(prefix) is not None
 
 
-def requested_type(prefix: str, scheme: str, overrides: list[Override]) -> tuple[str, str]:
+def requested_type(
+    prefix: str, scheme: str, overrides: list[Override], rules: ModelRules = GENERIC_RULES, routed: bool = False
+) -> tuple[str, str]:
     """The type the user asked for and where that came from."""
     if scheme == "w8a8-mxfp8":
-        wanted, why = W8A8_MXFP8, f"scheme {scheme}"
+        wanted = W8A8_MXFP8
     elif scheme == "w4a8-mxfp":
-        wanted, why = W4A8_MXFP, f"scheme {scheme}"
+        wanted = W4A8_MXFP
     else:
-        wanted = W4A8_MXFP if is_routed_expert(prefix) else W8A8_MXFP8
-        why = f"scheme {scheme}"
-    if FLOAT_BY_DEFAULT.search(prefix):
-        wanted, why = FLOAT, "kv_b_proj stays FLOAT (vllm-ascend absorbs it into MLA attention)"
+        wanted = W4A8_MXFP if routed else W8A8_MXFP8
+    why = f"scheme {scheme}"
+    kept_float = rules.default_float(prefix)
+    if kept_float:
+        wanted, why = FLOAT, kept_float
     for override in overrides:
         if fnmatch.fnmatchcase(prefix, override.glob):
             wanted, why = override.quant_type, f"--override {override.glob}={override.quant_type}"
@@ -115,21 +127,39 @@ def alignment_multiple(quant_type: str, routed: bool) -> int:
     return 1
 
 
-def alignment_problem(quant_type: str, k: int, routed: bool) -> str | None:
-    """Why a weight with reduction size K cannot take `quant_type`, or None if it can."""
+def alignment_problem(quant_type: str, k: int, routed: bool, k_label: str | None = None) -> str | None:
+    """Why a weight with reduction size K (per rank) cannot take `quant_type`, or None if it can."""
     multiple = alignment_multiple(quant_type, routed)
     if k % multiple == 0:
         return None
     why = "W4A8_MXFP pairs scale groups" if quant_type == W4A8_MXFP else "MoE experts pair scale groups"
-    return f"K={k} is not a multiple of {multiple}" + (f" ({why})" if multiple == 2 * GROUP_SIZE else "")
+    return f"{k_label or f'K={k}'} is not a multiple of {multiple}" + (
+        f" ({why})" if multiple == 2 * GROUP_SIZE else ""
+    )
 
 
-def best_feasible(requested: str, k: int, routed: bool) -> tuple[str, str | None]:
+def rank_k(prefix: str, k: int, routed: bool, deployment: Deployment) -> tuple[int | None, str]:
+    """K as one rank sees it (None if K does not split) and how to say it.
+
+    Row-parallel linears split K over the tensor-parallel ranks; with expert parallelism routed
+    experts are placed whole, so they keep their K.
+    """
+    tp = deployment.tp
+    if tp == 1 or tp_role(prefix) != "row" or (routed and deployment.ep):
+        return k, f"K={k}"
+    if k % tp:
+        return None, f"K={k} does not split over --tp {tp} ranks"
+    return k // tp, f"K/T = {k}/{tp} = {k // tp}"
+
+
+def best_feasible(requested: str, k: int | None, routed: bool, k_label: str | None = None) -> tuple[str, str | None]:
     """Walk the fallback chain W4A8_MXFP -> W8A8_MXFP8 -> FLOAT down to the first type that fits."""
+    if k is None:
+        return FLOAT, None if requested == FLOAT else k_label
     chain = [t for t in (W4A8_MXFP, W8A8_MXFP8, FLOAT) if RANK[t] <= RANK[requested]]
     first_reason = None
     for quant_type in chain:
-        problem = alignment_problem(quant_type, k, routed)
+        problem = alignment_problem(quant_type, k, routed, k_label)
         if problem is None:
             return quant_type, first_reason
         first_reason = first_reason or problem
@@ -153,21 +183,38 @@ class ModuleDecision:
         return {"module": self.module, "requested": self.requested, "written": self.written, "reason": self.reason}
 
 
-def decide_modules(linears: dict[str, Fp8Linear], scheme: str, overrides: list[Override]) -> dict[str, ModuleDecision]:
+def decide_modules(
+    linears: dict[str, Fp8Linear],
+    scheme: str,
+    overrides: list[Override],
+    rules: ModelRules = GENERIC_RULES,
+    deployment: Deployment = Deployment(),
+) -> dict[str, ModuleDecision]:
     if scheme not in SCHEMES:
         raise BadOptionError(f"unknown scheme {scheme!r}", f"choose one of {', '.join(SCHEMES)}")
     wants: dict[str, tuple[str, str]] = {}
     fits: dict[str, tuple[str, str | None]] = {}
     groups: dict[str, list[str]] = {}
     for prefix, linear in linears.items():
-        wants[prefix] = requested_type(prefix, scheme, overrides)
-        fits[prefix] = best_feasible(wants[prefix][0], linear.shape[1], is_routed_expert(prefix))
-        groups.setdefault(packed_group(prefix), []).append(prefix)
+        expert = rules.routed_expert(prefix)
+        routed = expert is not None
+        group = expert["layer"] + ".experts" if routed else rules.packed_group(prefix)
+        if deployment.shared_experts_as_routed and not routed:
+            shared_in = rules.shared_expert_layer(prefix)
+            if shared_in is not None:  # loaded into the routed experts' tensor: one of them
+                routed, group = True, shared_in + ".experts"
+        wants[prefix] = requested_type(prefix, scheme, overrides, rules, routed)
+        k, k_label = rank_k(prefix, linear.shape[1], routed, deployment)
+        fits[prefix] = best_feasible(wants[prefix][0], k, routed, k_label)
+        groups.setdefault(group, []).append(prefix)
 
     decisions: dict[str, ModuleDecision] = {}
     for group, members in groups.items():
         group_type = min((fits[m][0] for m in members), key=RANK.__getitem__)
         limiting = next(m for m in members if fits[m][0] == group_type)
+        # vllm-ascend reads a MoE layer's type from its first expert and a fused module's from one
+        # member: the whole group takes the lowest type any member needs
+        joined = f"one type per MoE layer ({group})" if group.endswith(".experts") else "packed"
         for prefix in members:
             requested, why = wants[prefix]
             if group_type == requested:
@@ -175,21 +222,20 @@ def decide_modules(linears: dict[str, Fp8Linear], scheme: str, overrides: list[O
             elif fits[prefix][0] == group_type and fits[prefix][1]:
                 reason = fits[prefix][1]
             elif fits[limiting][1]:
-                reason = f"packed with {limiting}: {fits[limiting][1]}"
+                reason = f"{joined} with {limiting}: {fits[limiting][1]}"
             else:
-                reason = f"packed with {limiting}, which was requested as {wants[limiting][0]}"
-            decisions[prefix] = ModuleDecision(
-                prefix, group, linears[prefix].shape, requested, group_type, reason
-            )
+                reason = f"{joined} with {limiting}, which was requested as {wants[limiting][0]} ({wants[limiting][1]})"
+            decisions[prefix] = ModuleDecision(prefix, group, linears[prefix].shape, requested, group_type, reason)
     return decisions
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class OutputTensor:
     """One tensor of the package and how it is made from the source.
 
     kind: "copy" (bytes as they are), "resolve" (FP8 -> BF16 FLOAT), "mx_weight" / "mx_scale" (the
-    two halves of an MX linear), "bias_f32" (an MX layer's bias, cast to float32).
+    two halves of an MX linear), "bias_f32" (an MX layer's bias, cast to float32). `shard` is set
+    when the plan places it; `nbytes` is computed once (a full-scale plan sums it many times).
     """
 
     name: str
@@ -199,10 +245,10 @@ class OutputTensor:
     kind: str
     source: str
     shard: int = 0
+    nbytes: int = field(init=False)
 
-    @property
-    def nbytes(self) -> int:
-        return tensor_nbytes(self.dtype, self.shape)
+    def __post_init__(self) -> None:
+        self.nbytes = tensor_nbytes(self.dtype, self.shape)
 
     @property
     def spec(self) -> TensorSpec:
@@ -231,6 +277,20 @@ class Plan:
     copied_files: list[str]
     bytes_in: int
     skipped_files: dict[str, str] = field(default_factory=dict)  # source file -> why it is not copied
+    rules: ModelRules = GENERIC_RULES
+    deployment: Deployment = Deployment()
+
+    @property
+    def warnings(self) -> list[str]:
+        return [self.rules.warning] if self.rules.warning else []
+
+    def kept_float(self) -> dict[str, int]:
+        """Modules the model's rules keep FLOAT (and were not overridden), per reason."""
+        counts: dict[str, int] = {}
+        for decision in self.decisions.values():
+            if decision.written == FLOAT and decision.reason == self.rules.default_float(decision.module):
+                counts[decision.reason] = counts.get(decision.reason, 0) + 1
+        return counts
 
     @property
     def fallbacks(self) -> list[ModuleDecision]:
@@ -287,6 +347,9 @@ class Plan:
     def to_dict(self) -> dict:
         return {
             "scheme": self.scheme,
+            "model_type": self.rules.model_type,
+            **self.deployment.to_dict(),
+            "warnings": self.warnings,
             "scale_rule": self.scale_rule,
             "resolve_dtype": self.resolve_dtype,
             "model_quant_type": self.model_quant_type,
@@ -295,6 +358,7 @@ class Plan:
             "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out,
             "fallbacks": [d.to_dict() for d in self.fallbacks],
+            "kept_float": self.kept_float(),
             "shards": [{"file": s.file, "tensors": len(s.tensors), "bytes": s.nbytes} for s in self.shards],
             "copied_files": self.copied_files,
             "skipped_files": self.skipped_files,
@@ -355,16 +419,12 @@ def assign_shards(tensors: list[OutputTensor], max_shard_size: int) -> tuple[lis
         size += unit_size
         i += len(unit)
     total = len(bins)
-    placed: list[OutputTensor] = []
     shards = []
     for number, members in enumerate(bins):
-        shard = ShardPlan(SHARD_NAME.format(number + 1, total))
         for tensor in members:
-            tensor = OutputTensor(**{**tensor.__dict__, "shard": number})
-            shard.tensors.append(tensor)
-            placed.append(tensor)
-        shards.append(shard)
-    return placed, shards
+            tensor.shard = number
+        shards.append(ShardPlan(SHARD_NAME.format(number + 1, total), members))
+    return tensors, shards
 
 
 def written_by_package(name: str) -> bool:
@@ -399,7 +459,10 @@ def make_plan(
     overrides: list[Override] | None = None,
     max_shard_size: int = DEFAULT_MAX_SHARD_SIZE,
     unsafe_files: dict[str, str] | None = None,
+    config: dict | None = None,
+    deployment: Deployment | None = None,
 ) -> Plan:
+    """`config` is the source's config.json (its model_type selects the rules in models.py)."""
     from ascendconv.formats.constants import SCALE_RULES
 
     if scale_rule not in SCALE_RULES:
@@ -408,7 +471,9 @@ def make_plan(
         raise BadOptionError(f"unknown resolve dtype {resolve_dtype!r}", "choose bf16 or fp32")
     if max_shard_size < 0:
         raise BadOptionError("--max-shard-size must not be negative")
-    decisions = decide_modules(linears, scheme, overrides or [])
+    rules = rules_for(config)
+    deployment = deployment or Deployment()
+    decisions = decide_modules(linears, scheme, overrides or [], rules, deployment)
     placed, shards = assign_shards(output_tensors(tensors, linears, decisions), max_shard_size)
     copied, skipped = files_to_copy(source_files)
     return Plan(
@@ -422,6 +487,8 @@ def make_plan(
         copied_files=copied,
         bytes_in=bytes_in,
         skipped_files={**(unsafe_files or {}), **skipped},
+        rules=rules,
+        deployment=deployment,
     )
 
 

@@ -57,11 +57,13 @@ from ascendconv.plan import (
     RESOLVE_DTYPES,
     SHARD_NAME,
     SINGLE_SHARD_NAME,
-    alignment_multiple,
+    Deployment,
     alignment_problem,
     is_routed_expert,
     packed_group,
+    rank_k,
 )
+from ascendconv.models import rules_for, tp_role
 
 Notice = Callable[[str], None]  # a one-line message for the user (the kernels' first compilation)
 Progress = Callable[[str, int, int], None]  # (phase, done, total); phases: scan, source, moe, npu
@@ -73,14 +75,9 @@ CHUNK_BYTES = 16 * 2**20  # bytes read at a time, per tensor
 STATS_ELEMENTS = 2**15  # elements per weight whose error --source measures (every row: --exact-full)
 SHARD_PATTERN = re.compile(r"^quant_model_weights-(\d{5})-of-(\d{5})\.safetensors$")
 
-# --- tensor parallelism: the one place that says how vLLM splits each linear -------------------
-# Row-parallel linears split K (the reduction axis) over the ranks: the type's K alignment rule
-# applies to K/T. Column-parallel linears split N: N/T must be whole. MoE experts are split like a
-# dense MLP under plain TP (no expert parallelism): gate/up by N, down by K. DeepSeek's MLA
-# q_a_proj / kv_a_proj_with_mqa (fused_qkv_a_proj) are replicated on every rank in vLLM.
-ROW_PARALLEL = ("o_proj", "down_proj")
-COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "q_b_proj", "kv_b_proj")
-REPLICATED = ("q_a_proj", "kv_a_proj_with_mqa")
+# Tensor parallelism: models.tp_role says how vLLM splits each linear. Row-parallel linears split K
+# (the type's K rule applies to K/T, as the plan checks it); column-parallel ones split N (N/T must be
+# whole). Routed experts split like a dense MLP under plain TP, and not at all with --ep.
 KV_HEAD_PROJECTIONS = ("k_proj", "v_proj")  # replicated instead of split when kv heads < T
 
 # Defaults of the numerical thresholds (see docs/verify.md for how they were chosen).
@@ -131,6 +128,7 @@ HINTS = {
 @dataclass
 class VerifyOptions:
     tp: int = 1
+    ep: bool = False  # expert parallelism: routed experts are not split over the tp ranks
     checksums: bool = True
     source: str | os.PathLike | None = None
     min_sqnr_mxfp8: float = DEFAULT_MIN_SQNR_MXFP8
@@ -370,6 +368,7 @@ class _Layout:
                     self.duplicates.append((name, file, self.tensors[name].path.name))
                 else:
                     self.tensors[name] = entry
+        self.rules = rules_for(pkg.config)  # the model family's routed-expert naming and packed groups
         self.description = {k: v for k, v in pkg.description.items()}
         self.modules: dict[str, _Module] = {}
         for name, label in self.description.items():
@@ -590,7 +589,7 @@ def check_alignment(lay: _Layout) -> Check:
     for prefix, module in sorted(lay.modules.items()):
         if module.label not in MX_TYPES or module.k is None:
             continue
-        problem = alignment_problem(module.label, module.k, is_routed_expert(prefix))
+        problem = alignment_problem(module.label, module.k, is_routed_expert(prefix, lay.rules))
         if problem:
             problems.append(f"{prefix} ({module.label}): {problem}")
     return _make_check("alignment", problems, "K of every MX layer meets its type's rule")
@@ -599,7 +598,7 @@ def check_alignment(lay: _Layout) -> Check:
 def check_packed_groups(lay: _Layout) -> Check:
     groups: dict[str, dict[str, list[str]]] = {}
     for prefix, module in lay.modules.items():
-        group = packed_group(prefix)
+        group = packed_group(prefix, lay.rules)
         if group == prefix:
             continue
         groups.setdefault(group, {}).setdefault(module.label, []).append(prefix)
@@ -617,37 +616,25 @@ def check_packed_groups(lay: _Layout) -> Check:
     return _make_check("packed_groups", problems, f"{len(groups)} packed group(s) and MoE layer(s), each of one type")
 
 
-def _tp_role(prefix: str) -> str | None:
-    last = prefix.rsplit(".", 1)[-1]
-    if last in ROW_PARALLEL:
-        return "row"
-    if last in COLUMN_PARALLEL:
-        return "column"
-    if last in REPLICATED:
-        return "replicated"
-    return None
-
-
-def check_tp(lay: _Layout, tp: int) -> Check:
+def check_tp(lay: _Layout, tp: int, ep: bool = False) -> Check:
     config = lay.pkg.config or {}
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
     kv_heads = config.get("num_key_value_heads", text.get("num_key_value_heads"))
     problems = []
     checked = 0
     for prefix, module in sorted(lay.modules.items()):
-        role = _tp_role(prefix)
+        role = tp_role(prefix)
         n, k = module.n, module.k
         if role in (None, "replicated") or n is None:
             continue
         checked += 1
         where = f"{prefix} ({module.label}, {role}-parallel)"
         if role == "row":
-            if k % tp:
-                problems.append(f"{where}: K={k} does not split over {tp} ranks")
-                continue
-            rule = alignment_multiple(module.label, is_routed_expert(prefix))
-            if (k // tp) % rule:
-                problems.append(f"{where}: K/T = {k}/{tp} = {k // tp} is not a multiple of {rule}")
+            routed = is_routed_expert(prefix, lay.rules)
+            rank_k_value, k_label = rank_k(prefix, k, routed, Deployment(tp, ep))
+            problem = k_label if rank_k_value is None else alignment_problem(module.label, rank_k_value, routed, k_label)
+            if problem:
+                problems.append(f"{where}: {problem}")
         else:
             last = prefix.rsplit(".", 1)[-1]
             if last in KV_HEAD_PROJECTIONS and isinstance(kv_heads, int) and 0 < kv_heads < tp:
@@ -1691,7 +1678,7 @@ def _verify(
         checks.append(_make_check("scales", findings.scales, findings.detail("no E8M0 scale byte is 255")))
         checks.append(check_payload(findings))
         if options.tp > 1:
-            checks.append(check_tp(lay, options.tp))
+            checks.append(check_tp(lay, options.tp, options.ep))
         checks.append(check_provenance(lay))
         if options.checksums:
             checks.append(check_checksums(lay, findings))

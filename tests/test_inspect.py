@@ -36,7 +36,7 @@ from conftest import FIXTURE_NAMES, FIXTURES, SCHEMES, load_shard, save_shard
 runner = CliRunner()
 DENSE, MOE, DEEPSEEK = "qwen3-dense-fp8", "qwen3-moe-fp8", "deepseek-v3-fp8"
 JSON_KEYS = [
-    "ok", "schema", "kind", "path", "model", "quantization", "package", "files", "tensors", "structure",
+    "ok", "schema", "kind", "path", "model", "quantization", "package", "files", "tensors", "structure", "deployment", "warnings",
     "groups", "schemes", "problems", "tensor_filter", "tensor_list",
 ]
 
@@ -442,9 +442,14 @@ def test_json_documents_of_a_source_and_a_package(converted):
     data = inspect_path(FIXTURES / DENSE).to_dict()
     assert data["kind"] == "hf-block-fp8" and data["package"] is None
     assert list(data["schemes"]) == list(SCHEMES)
-    assert set(data["schemes"]["w4a8-mxfp"]) == {"model_quant_type", "modules", "tensors", "bytes_out", "shards", "fallbacks"}
+    assert set(data["schemes"]["w4a8-mxfp"]) == {
+        "model_quant_type", "modules", "tensors", "bytes_out", "shards", "fallbacks", "kept_float", "runtime"
+    }
     assert data["schemes"]["w4a8-mxfp"]["fallbacks"][0]["module"] == "model.layers.1.mlp.down_proj"
-    assert data["structure"] == {"layers": 2, "moe_layers": 0, "routed_experts": 0, "fp8_linears": 14}
+    assert data["structure"] == {
+        "family": "Qwen3 (dense)", "layers": 2, "moe_layers": 0, "routed_experts": 0, "shared_expert_layers": 0,
+        "mtp_layers": [], "indexer_layers": 0, "fp8_linears": 14,
+    }
     assert data["files"]["shards"] == [{"file": "model.safetensors", "tensors": 45, "bytes": data["files"]["total_bytes"]}]
     data = inspect_path(package_of(converted, DENSE, "w4a8-mxfp")).to_dict()
     assert data["kind"] == "ascendv1-package" and data["quantization"] is None and data["schemes"] is None
