@@ -59,6 +59,29 @@ def test_quantization_config_under_text_config_and_ignored_layers():
         parse_block_fp8_config({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128], "fmt": "e5m2"}}, FIXTURES)
 
 
+@pytest.mark.parametrize("fmt", ["e4m3", "float8_e4m3fn", "E4M3", "e4m3fn"])
+def test_e4m3_spellings_of_real_configs_are_accepted(fmt):
+    config = {"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128], "fmt": fmt}}
+    assert parse_block_fp8_config(config, FIXTURES / "config.json").fmt == fmt
+
+
+@pytest.mark.parametrize("fmt", ["float8_e5m2", "mxfp8", 3])
+def test_fmt_that_is_not_e4m3_is_refused(fmt):
+    config = {"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128], "fmt": fmt}}
+    with pytest.raises(NotBlockFP8Error, match="only E4M3 weights"):
+        parse_block_fp8_config(config, FIXTURES / "config.json")
+
+
+def test_minimax_fmt_spelling_opens_and_the_tensor_dtype_decides(fixture_copy):
+    src = fixture_copy("qwen3-moe-fp8")
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"]["fmt"] = "float8_e4m3fn"
+    (src / "config.json").write_text(json.dumps(config))
+    source = SourceCheckpoint.open(src)
+    assert source.quant.fmt == "float8_e4m3fn" and source.linears
+    assert all(linear.weight.dtype == "F8_E4M3" for linear in source.linears.values())
+
+
 def test_index_that_disagrees_with_the_shards(fixture_copy):
     src = fixture_copy("qwen3-moe-fp8")
     index_path = src / "model.safetensors.index.json"

@@ -41,6 +41,9 @@ SCALE_SUFFIX = ".weight_scale_inv"
 WEIGHT_SUFFIX = ".weight"
 SCALE_DTYPES = ("F32", "BF16")
 MAX_BLOCK = 2**31 - 1  # tile sides beyond any checkpoint, within the kernels' integer arithmetic
+# How configs name the E4M3 format (DeepSeek: "e4m3"; MiniMax-M2: "float8_e4m3fn", torch's name).
+# The name only has to mean E4M3: each weight's F8_E4M3 dtype is what pair_fp8_linears checks.
+E4M3_SPELLINGS = ("e4m3", "e4m3fn", "float8_e4m3fn", "float8_e4m3", "fp8_e4m3")
 
 
 @dataclass(frozen=True)
@@ -106,8 +109,11 @@ def parse_block_fp8_config(config: dict, config_path: Path) -> BlockFP8Config:
             f"{config_path}: {location}.activation_scheme is {shown(scheme)}; only 'dynamic' is supported"
         )
     fmt = quant.get("fmt", "e4m3")
-    if fmt != "e4m3":
-        raise NotBlockFP8Error(f"{config_path}: {location}.fmt is {shown(fmt)}; only 'e4m3' weights are supported")
+    if not (isinstance(fmt, str) and fmt.lower() in E4M3_SPELLINGS):
+        raise NotBlockFP8Error(
+            f"{config_path}: {location}.fmt is {shown(fmt)}; only E4M3 weights are supported "
+            f"({', '.join(repr(s) for s in E4M3_SPELLINGS)})"
+        )
     skipped = quant.get("modules_to_not_convert") or quant.get("ignored_layers") or []
     if not (isinstance(skipped, list) and all(isinstance(m, str) for m in skipped)):
         raise ConfigError(
