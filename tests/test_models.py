@@ -1,0 +1,193 @@
+"""Model knowledge (ascendconv/models.py) and the plan decisions it drives, on small synthetic layers."""
+
+import pytest
+
+from ascendconv.errors import BadOptionError
+from ascendconv.models import (
+    INDEXER_WK_REASON,
+    KV_B_REASON,
+    MTP_REASON,
+    expert_count,
+    rules_for,
+    tp_role,
+)
+from ascendconv.plan import Deployment, Override
+
+from test_plan import fp8, moe_layer, plan_of, written
+
+DEEPSEEK = {"model_type": "deepseek_v3", "num_hidden_layers": 1, "num_nextn_predict_layers": 1, "n_routed_experts": 2}
+
+
+def test_expert_count_reads_every_family_key_and_text_config():
+    assert expert_count({"n_routed_experts": 256}) == 256
+    assert expert_count({"num_experts": 128}) == 128
+    assert expert_count({"num_local_experts": 256}) == 256
+    assert expert_count({"text_config": {"num_experts": 512}}) == 512
+    assert expert_count({"num_experts": True}) is None and expert_count({}) is None
+
+
+def test_known_families_and_the_generic_rule():
+    assert rules_for({"model_type": "kimi_k2"}).family.label == "Kimi-K2"
+    assert rules_for({"model_type": "minimax_m2"}).known
+    generic = rules_for({"model_type": "glm4_moe"})
+    assert not generic.known and "glm4_moe" in generic.warning and "generic rules" in generic.warning
+    # generic: any experts.N.<proj> is a routed expert, whichever naming
+    assert generic.routed_expert("model.layers.1.block_sparse_moe.experts.7.w2")["layer"] == "model.layers.1.block_sparse_moe"
+    assert generic.routed_expert("model.layers.1.mlp.experts.7.down_proj")["expert"] == "7"
+    assert generic.routed_expert("model.layers.1.mlp.shared_experts.down_proj") is None
+    # a family only knows its own naming
+    assert rules_for({"model_type": "qwen3_moe"}).routed_expert("model.layers.1.block_sparse_moe.experts.7.w2") is None
+
+
+def test_mtp_layers_deepseek_by_number_and_qwen3_next_by_prefix():
+    deepseek = rules_for({"model_type": "deepseek_v3", "num_hidden_layers": 61, "num_nextn_predict_layers": 1})
+    assert deepseek.is_mtp("model.layers.61.mlp.experts.0.gate_proj")
+    assert not deepseek.is_mtp("model.layers.60.mlp.experts.0.gate_proj")
+    assert deepseek.mtp_label("model.layers.61.eh_proj.weight") == "model.layers.61"
+    assert deepseek.default_float("model.layers.61.self_attn.q_a_proj") == MTP_REASON
+    kimi = rules_for({"model_type": "kimi_k2", "num_hidden_layers": 61})  # no num_nextn_predict_layers
+    assert not kimi.is_mtp("model.layers.61.mlp.gate_proj")
+    nxt = rules_for({"model_type": "qwen3_next", "num_hidden_layers": 48})
+    assert nxt.is_mtp("mtp.layers.0.mlp.experts.3.up_proj") and nxt.mtp_label("mtp.fc.weight") == "mtp"
+    assert not nxt.is_mtp("model.layers.47.mlp.experts.3.up_proj")
+
+
+def test_float_by_default_reasons():
+    v32 = rules_for({"model_type": "deepseek_v32", "num_hidden_layers": 61, "num_nextn_predict_layers": 1})
+    assert v32.default_float("model.layers.3.self_attn.indexer.wk") == INDEXER_WK_REASON
+    assert v32.default_float("model.layers.3.self_attn.indexer.wq_b") is None
+    assert v32.default_float("model.layers.3.self_attn.kv_b_proj") == KV_B_REASON
+    assert rules_for({"model_type": "qwen3"}).default_float("model.layers.3.self_attn.kv_b_proj") is None
+
+
+@pytest.mark.parametrize(
+    "prefix,role",
+    [("a.o_proj", "row"), ("a.mlp.experts.1.w2", "row"), ("a.linear_attn.out_proj", "row"), ("a.q_b_proj", "column"),
+     ("a.mlp.experts.1.w1", "column"), ("a.kv_a_proj_with_mqa", "replicated"), ("a.indexer.wk", "replicated"),
+     ("lm_head", None)],
+)
+def test_tp_roles(prefix, role):
+    assert tp_role(prefix) == role
+
+
+def minimax_layer(inter: int = 128) -> dict:
+    spec = {}
+    for proj in ("q_proj", "k_proj", "v_proj"):
+        spec.update(fp8(f"model.layers.0.self_attn.{proj}", 128, 256))
+    spec.update(fp8("model.layers.0.self_attn.o_proj", 256, 128))
+    spec["model.layers.0.block_sparse_moe.gate.weight"] = ("F32", (2, 256))
+    for e in range(2):
+        spec.update(fp8(f"model.layers.0.block_sparse_moe.experts.{e}.w1", inter, 256))
+        spec.update(fp8(f"model.layers.0.block_sparse_moe.experts.{e}.w3", inter, 256))
+        spec.update(fp8(f"model.layers.0.block_sparse_moe.experts.{e}.w2", 256, inter))
+    return spec
+
+
+def test_minimax_experts_are_routed_experts_under_w4a8_mxfp_moe():
+    plan = plan_of(minimax_layer(), scheme="w4a8-mxfp-moe", config={"model_type": "minimax_m2"})
+    types = written(plan)
+    assert {t for m, t in types.items() if ".experts." in m} == {"W4A8_MXFP"}
+    assert {t for m, t in types.items() if ".self_attn." in m} == {"W8A8_MXFP8"}
+    assert not plan.fallbacks and not plan.warnings
+
+
+def test_an_override_on_one_expert_moves_the_whole_moe_layer_with_the_reason():
+    plan = plan_of(
+        minimax_layer(), scheme="w4a8-mxfp-moe", config={"model_type": "minimax_m2"},
+        overrides=[Override.parse("*.experts.1.w2=W8A8_MXFP8")],
+    )
+    types = written(plan)
+    assert {t for m, t in types.items() if ".experts." in m} == {"W8A8_MXFP8"}  # one type per MoE layer
+    reason = plan.decisions["model.layers.0.block_sparse_moe.experts.0.w1"].reason
+    assert reason == (
+        "one type per MoE layer (model.layers.0.block_sparse_moe.experts) with "
+        "model.layers.0.block_sparse_moe.experts.1.w2, which was requested as W8A8_MXFP8 "
+        "(--override *.experts.1.w2=W8A8_MXFP8)"
+    )
+
+
+def test_unknown_model_type_gets_the_generic_rule_and_a_warning():
+    plan = plan_of(minimax_layer(), scheme="w4a8-mxfp-moe", config={"model_type": "somebody_moe"})
+    assert {t for m, t in written(plan).items() if ".experts." in m} == {"W4A8_MXFP"}
+    assert plan.warnings and "somebody_moe" in plan.warnings[0]
+    assert plan.to_dict()["warnings"] == plan.warnings
+
+
+def deepseek_with_mtp() -> dict:
+    spec = {}
+    for layer in (0, 1):  # layer 1 is the MTP layer (num_hidden_layers 1)
+        p = f"model.layers.{layer}"
+        spec.update(fp8(f"{p}.self_attn.q_a_proj", 256, 256))
+        spec.update(fp8(f"{p}.self_attn.kv_a_proj_with_mqa", 192, 256))
+        spec.update(fp8(f"{p}.self_attn.kv_b_proj", 512, 128))
+        spec.update(fp8(f"{p}.self_attn.indexer.wk", 128, 256))
+        spec.update(fp8(f"{p}.self_attn.indexer.wq_b", 256, 256))
+        for e in range(2):
+            spec.update(fp8(f"{p}.mlp.experts.{e}.gate_proj", 128, 256))
+            spec.update(fp8(f"{p}.mlp.experts.{e}.up_proj", 128, 256))
+            spec.update(fp8(f"{p}.mlp.experts.{e}.down_proj", 256, 128))
+    return spec
+
+
+@pytest.mark.parametrize("scheme", ["w8a8-mxfp8", "w4a8-mxfp", "w4a8-mxfp-moe"])
+def test_deepseek_v32_keeps_mtp_indexer_wk_and_kv_b_float_in_every_scheme(scheme):
+    plan = plan_of(deepseek_with_mtp(), scheme=scheme, config={**DEEPSEEK, "model_type": "deepseek_v32"})
+    types = written(plan)
+    assert {t for m, t in types.items() if m.startswith("model.layers.1.")} == {"FLOAT"}
+    assert types["model.layers.0.self_attn.indexer.wk"] == "FLOAT"
+    assert types["model.layers.0.self_attn.kv_b_proj"] == "FLOAT"
+    assert types["model.layers.0.self_attn.indexer.wq_b"] != "FLOAT"
+    assert plan.kept_float() == {MTP_REASON: 11, INDEXER_WK_REASON: 1, KV_B_REASON: 1}
+    description = plan.description()
+    assert description["model.layers.0.self_attn.indexer.wk.weight"] == "FLOAT"
+    assert "model.layers.0.self_attn.indexer.wk.weight_scale" not in description
+    # an override still wins over the model's default
+    plan = plan_of(
+        deepseek_with_mtp(), scheme=scheme, config={**DEEPSEEK, "model_type": "deepseek_v32"},
+        overrides=[Override.parse("model.layers.1.*=W8A8_MXFP8")],
+    )
+    assert written(plan)["model.layers.1.mlp.experts.0.down_proj"] == "W8A8_MXFP8"
+
+
+def test_tp_splits_the_experts_down_proj_unless_experts_are_parallel():
+    config = {"model_type": "qwen3_moe"}
+    assert not plan_of(moe_layer(down_k=256), scheme="w4a8-mxfp", config=config, deployment=Deployment(tp=4)).fallbacks
+    # K/T = 256/8 = 32: neither W4A8 (64) nor an MoE W8A8 expert (64) fits; the whole layer goes FLOAT
+    plan = plan_of(moe_layer(down_k=256), scheme="w4a8-mxfp", config=config, deployment=Deployment(tp=8))
+    assert {t for m, t in written(plan).items() if ".experts." in m} == {"FLOAT"}
+    down = plan.decisions["model.layers.0.mlp.experts.0.down_proj"]
+    assert down.reason == "K/T = 256/8 = 32 is not a multiple of 64 (W4A8_MXFP pairs scale groups)"
+    assert written(plan)["model.layers.0.self_attn.o_proj"] == "W8A8_MXFP8"  # K/T = 32: W8A8 dense fits
+    # expert parallelism places experts whole: no split, no fallback for them
+    plan = plan_of(moe_layer(down_k=256), scheme="w4a8-mxfp", config=config, deployment=Deployment(tp=8, ep=True))
+    assert {t for m, t in written(plan).items() if ".experts." in m} == {"W4A8_MXFP"}
+    assert plan.to_dict()["tp"] == 8 and plan.to_dict()["ep"] is True
+
+
+def test_k_that_does_not_split_over_the_ranks_is_float():
+    plan = plan_of(fp8("model.layers.0.self_attn.o_proj", 256, 96), scheme="w8a8-mxfp8", deployment=Deployment(tp=5))
+    decision = plan.decisions["model.layers.0.self_attn.o_proj"]
+    assert (decision.written, decision.reason) == ("FLOAT", "K=96 does not split over --tp 5 ranks")
+
+
+def test_shared_experts_as_routed_take_the_routed_type_and_layer():
+    spec = deepseek_with_mtp()
+    for proj, (n, k) in {"gate_proj": (128, 256), "up_proj": (128, 256), "down_proj": (256, 128)}.items():
+        spec.update(fp8(f"model.layers.0.mlp.shared_experts.{proj}", n, k))
+    shared = "model.layers.0.mlp.shared_experts.down_proj"
+    plan = plan_of(spec, scheme="w4a8-mxfp-moe", config=DEEPSEEK)
+    assert written(plan)[shared] == "W8A8_MXFP8"
+    plan = plan_of(spec, scheme="w4a8-mxfp-moe", config=DEEPSEEK, deployment=Deployment(shared_experts_as_routed=True))
+    assert written(plan)[shared] == "W4A8_MXFP" and plan.decisions[shared].group == "model.layers.0.mlp.experts"
+    # and they fall back with the layer: one FLOAT expert takes the shared one along
+    plan = plan_of(
+        spec, scheme="w4a8-mxfp-moe", config=DEEPSEEK, deployment=Deployment(shared_experts_as_routed=True),
+        overrides=[Override.parse("model.layers.0.mlp.experts.1.up_proj=FLOAT")],
+    )
+    assert written(plan)[shared] == "FLOAT"
+
+
+@pytest.mark.parametrize("tp", [0, -2])
+def test_tp_must_be_positive(tp):
+    with pytest.raises(BadOptionError, match="--tp"):
+        Deployment(tp=tp)
