@@ -70,17 +70,16 @@ def test_tp_roles(prefix, role):
     assert tp_role(prefix) == role
 
 
-def minimax_layer(inter: int = 128) -> dict:
-    spec = {}
-    for proj in ("q_proj", "k_proj", "v_proj"):
-        spec.update(fp8(f"model.layers.0.self_attn.{proj}", 128, 256))
-    spec.update(fp8("model.layers.0.self_attn.o_proj", 256, 128))
-    spec["model.layers.0.block_sparse_moe.gate.weight"] = ("F32", (2, 256))
-    for e in range(2):
-        spec.update(fp8(f"model.layers.0.block_sparse_moe.experts.{e}.w1", inter, 256))
-        spec.update(fp8(f"model.layers.0.block_sparse_moe.experts.{e}.w3", inter, 256))
-        spec.update(fp8(f"model.layers.0.block_sparse_moe.experts.{e}.w2", 256, inter))
-    return spec
+def minimax_layer() -> dict:
+    """moe_layer() under MiniMax-M2's names: block_sparse_moe.experts.N.{w1,w3,w2}."""
+    names = {".mlp.": ".block_sparse_moe.", ".gate_proj.": ".w1.", ".up_proj.": ".w3.", ".down_proj.": ".w2."}
+
+    def rename(name: str) -> str:
+        for old, new in names.items():
+            name = name.replace(old, new)
+        return name
+
+    return {rename(name): spec for name, spec in moe_layer().items()}
 
 
 def test_minimax_experts_are_routed_experts_under_w4a8_mxfp_moe():
