@@ -42,7 +42,7 @@ from ascendconv.plan import (
     OutputTensor,
     Override,
     Plan,
-    make_plan,
+    Planner,
 )
 from ascendconv.resume import (
     LEDGER_NAME,
@@ -140,21 +140,20 @@ class Kernel:
         compile_entry_points(entry_points_for("mx_weight" in kinds, "resolve" in kinds, block), notice)
 
 
-def plan_for(source: SourceCheckpoint, options: ConvertOptions) -> Plan:
+def planner_for(source: SourceCheckpoint, deployment: Deployment) -> Planner:
     companions, unsafe = source.companion_files()
-    return make_plan(
-        source.tensors,
-        source.linears,
-        companions,
-        source.total_bytes,
+    return Planner(
+        source.tensors, source.linears, companions, source.total_bytes, source.config, deployment, unsafe_files=unsafe
+    )
+
+
+def plan_for(source: SourceCheckpoint, options: ConvertOptions) -> Plan:
+    return planner_for(source, options.deployment).plan(
         scheme=options.scheme,
         scale_rule=options.scale_rule,
         resolve_dtype=options.resolve_dtype,
         overrides=options.overrides,
         max_shard_size=options.max_shard_size,
-        unsafe_files=unsafe,
-        config=source.config,
-        deployment=options.deployment,
     )
 
 

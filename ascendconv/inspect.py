@@ -18,9 +18,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ascendconv.convert import ConvertOptions, plan_for
+from ascendconv.convert import planner_for
 from ascendconv.errors import PackageError, UnrecognizedCheckpointError, shown
 from ascendconv.formats.constants import FLOAT, W8A8_MXFP8
+from ascendconv.gcpause import gc_paused
 from ascendconv.io.files import file_size
 from ascendconv.io.hfcache import resolve_source
 from ascendconv.io.package import Package, is_package
@@ -297,15 +298,14 @@ def _structure(names, rules: ModelRules) -> _Structure:
     experts: dict[str, set[str]] = {}
     shared: set[str] = set()
     indexers: set[str] = set()
-    for name in names:
-        mtp_label = rules.mtp_label(name)
+    for prefix in {name.rpartition(".")[0] for name in names}:  # a module's tensors share a prefix
+        mtp_label = rules.mtp_label(prefix)
         if mtp_label is not None:
             mtp[mtp_label] = None
         else:
-            layer = _LAYER.search(name)
+            layer = _LAYER.search(prefix)
             if layer:
                 layers.add(layer[1])
-        prefix = name.rpartition(".")[0]
         routed = rules.routed_expert(prefix)
         if routed:
             experts.setdefault(routed["layer"], set()).add(routed["expert"])
@@ -399,7 +399,7 @@ def runtime_notes(plan: Plan) -> list[str]:
             notes.append("fused MLA prolog (VLLM_ASCEND_ENABLE_MLAPO) available: q_a_proj/kv_a_proj_with_mqa are W8A8_MXFP8")
     for reason, count in plan.kept_float().items():
         notes.append(f"{count} modules FLOAT: {reason}")
-    mtp_quantized = sum(1 for d in plan.decisions.values() if d.written != FLOAT and plan.rules.is_mtp(d.module))
+    mtp_quantized = plan.quantized_mtp_modules()
     if mtp_quantized:
         notes.append(f"{mtp_quantized} MTP modules quantized by --override: vllm-ascend expects the MTP layer FLOAT")
     if plan.fallbacks:
@@ -419,9 +419,8 @@ def _shared_vs_routed(plan: Plan) -> int:
     routed: dict[str, str] = {}
     shared: dict[str, str] = {}
     for decision in plan.decisions.values():
-        expert = plan.rules.routed_expert(decision.module)
-        if expert is not None:
-            routed[expert["layer"]] = decision.written
+        if decision.group.endswith(".experts"):  # a MoE layer's group: 'model.layers.3.mlp.experts'
+            routed[decision.group[: -len(".experts")]] = decision.written
             continue
         layer = plan.rules.shared_expert_layer(decision.module)
         if layer is not None:
@@ -432,6 +431,7 @@ def _shared_vs_routed(plan: Plan) -> int:
 # --- the three kinds ------------------------------------------------------------------------------
 
 
+@gc_paused()  # a full-scale report builds several hundred thousand objects and no cycles
 def inspect_path(
     path: str | os.PathLike, tensors: str | None = None, deployment: Deployment | None = None
 ) -> InspectReport:
@@ -472,8 +472,9 @@ def _inspect_source(root: Path, glob: str | None, deployment: Deployment) -> Ins
 
         estimates: dict[str, SchemeEstimate] = {}
         written: dict[str, dict[str, str]] = {}
+        planner = planner_for(source, deployment)
         for scheme in SCHEMES:
-            plan = plan_for(source, ConvertOptions(scheme=scheme, deployment=deployment))
+            plan = planner.plan(scheme)
             written[scheme] = {m: d.written for m, d in plan.decisions.items()}
             estimates[scheme] = SchemeEstimate(
                 scheme=scheme,

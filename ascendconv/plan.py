@@ -7,16 +7,19 @@ what `convert` executes; `inspect` uses it to estimate what each scheme would pr
 from __future__ import annotations
 
 import fnmatch
+import functools
 import re
 from dataclasses import dataclass, field
 
 from ascendconv.errors import BadOptionError
+from ascendconv.gcpause import gc_paused
 from ascendconv.formats.constants import FLOAT, GROUP_SIZE, W4A8_MXFP, W8A8_MXFP8
-from ascendconv.io.safetensors import TensorEntry, TensorSpec, tensor_nbytes
+from ascendconv.io.safetensors import TensorEntry, TensorSpec
 from ascendconv.io.source import Fp8Linear
 from ascendconv.models import ModelRules, rules_for, tp_role
 
 SCHEMES = ("w8a8-mxfp8", "w4a8-mxfp", "w4a8-mxfp-moe")
+SCHEME_REASONS = {scheme: f"scheme {scheme}" for scheme in SCHEMES}
 QUANT_TYPES = (FLOAT, W8A8_MXFP8, W4A8_MXFP)
 RANK = {t: i for i, t in enumerate(QUANT_TYPES)}  # msModelSlim's priority order, lowest first
 RESOLVE_DTYPES = ("bf16", "fp32")
@@ -95,19 +98,18 @@ def is_routed_expert(prefix: str, rules: ModelRules = GENERIC_RULES) -> bool:
 
 
 def requested_type(
-    prefix: str, scheme: str, overrides: list[Override], rules: ModelRules = GENERIC_RULES, routed: bool = False
+    prefix: str, scheme: str, overrides: list[Override], kept_float: str | None = None, routed: bool = False
 ) -> tuple[str, str]:
-    """The type the user asked for and where that came from."""
-    if scheme == "w8a8-mxfp8":
-        wanted = W8A8_MXFP8
-    elif scheme == "w4a8-mxfp":
-        wanted = W4A8_MXFP
-    else:
-        wanted = W4A8_MXFP if routed else W8A8_MXFP8
-    why = f"scheme {scheme}"
-    kept_float = rules.default_float(prefix)
+    """The type the user asked for and where that came from (`kept_float`: why the model's rules
+    keep the module FLOAT, if they do)."""
     if kept_float:
         wanted, why = FLOAT, kept_float
+    elif scheme == "w8a8-mxfp8":
+        wanted, why = W8A8_MXFP8, SCHEME_REASONS[scheme]
+    elif scheme == "w4a8-mxfp" or routed:
+        wanted, why = W4A8_MXFP, SCHEME_REASONS[scheme]
+    else:
+        wanted, why = W8A8_MXFP8, SCHEME_REASONS[scheme]
     for override in overrides:
         if fnmatch.fnmatchcase(prefix, override.glob):
             wanted, why = override.quant_type, f"--override {override.glob}={override.quant_type}"
@@ -152,6 +154,7 @@ def rank_k(prefix: str, k: int, routed: bool, deployment: Deployment) -> tuple[i
     return k // tp, f"K/T = {k}/{tp} = {k // tp}"
 
 
+@functools.lru_cache(maxsize=4096)  # few distinct (type, K) pairs in a checkpoint, met thousands of times
 def best_feasible(requested: str, k: int | None, routed: bool, k_label: str | None = None) -> tuple[str, str | None]:
     """Walk the fallback chain W4A8_MXFP -> W8A8_MXFP8 -> FLOAT down to the first type that fits."""
     if k is None:
@@ -166,7 +169,7 @@ def best_feasible(requested: str, k: int | None, routed: bool, k_label: str | No
     raise AssertionError("FLOAT always fits")
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ModuleDecision:
     module: str
     group: str
@@ -183,18 +186,22 @@ class ModuleDecision:
         return {"module": self.module, "requested": self.requested, "written": self.written, "reason": self.reason}
 
 
-def decide_modules(
-    linears: dict[str, Fp8Linear],
-    scheme: str,
-    overrides: list[Override],
-    rules: ModelRules = GENERIC_RULES,
-    deployment: Deployment = Deployment(),
-) -> dict[str, ModuleDecision]:
-    if scheme not in SCHEMES:
-        raise BadOptionError(f"unknown scheme {scheme!r}", f"choose one of {', '.join(SCHEMES)}")
-    wants: dict[str, tuple[str, str]] = {}
-    fits: dict[str, tuple[str, str | None]] = {}
-    groups: dict[str, list[str]] = {}
+@dataclass(frozen=True)
+class ModuleFacts:
+    """What the model's rules and the deployment say about one FP8 linear, whatever the scheme."""
+
+    group: str  # decided together: a MoE layer ('....experts'), a fused module, or itself
+    routed: bool  # a routed expert (or a shared one placed with them): the MoE kernels' K rule
+    kept_float: str | None  # why the model's rules keep it FLOAT, if they do
+    mtp: bool  # in a multi-token-prediction layer
+    k: int | None  # K as one rank sees it (None: K does not split over the ranks)
+    k_label: str  # how to say K in a reason
+
+
+def module_facts(
+    linears: dict[str, Fp8Linear], rules: ModelRules = GENERIC_RULES, deployment: Deployment = Deployment()
+) -> dict[str, ModuleFacts]:
+    facts = {}
     for prefix, linear in linears.items():
         expert = rules.routed_expert(prefix)
         routed = expert is not None
@@ -203,28 +210,54 @@ def decide_modules(
             shared_in = rules.shared_expert_layer(prefix)
             if shared_in is not None:  # loaded into the routed experts' tensor: one of them
                 routed, group = True, shared_in + ".experts"
-        wants[prefix] = requested_type(prefix, scheme, overrides, rules, routed)
         k, k_label = rank_k(prefix, linear.shape[1], routed, deployment)
-        fits[prefix] = best_feasible(wants[prefix][0], k, routed, k_label)
-        groups.setdefault(group, []).append(prefix)
+        facts[prefix] = ModuleFacts(group, routed, rules.default_float(prefix), rules.is_mtp(prefix), k, k_label)
+    return facts
 
+
+def group_members(facts: dict[str, ModuleFacts]) -> dict[str, list[str]]:
+    groups: dict[str, list[str]] = {}
+    for prefix, fact in facts.items():
+        groups.setdefault(fact.group, []).append(prefix)
+    return groups
+
+
+def decide_modules(
+    linears: dict[str, Fp8Linear],
+    scheme: str,
+    overrides: list[Override],
+    facts: dict[str, ModuleFacts] | None = None,
+    groups: dict[str, list[str]] | None = None,
+) -> dict[str, ModuleDecision]:
+    """Every FP8 linear's written type and why. `facts` and `groups` (module_facts, group_members)
+    are computed here unless given: a Planner computes them once for every scheme."""
+    if scheme not in SCHEMES:
+        raise BadOptionError(f"unknown scheme {scheme!r}", f"choose one of {', '.join(SCHEMES)}")
+    facts = facts if facts is not None else module_facts(linears)
+    groups = groups if groups is not None else group_members(facts)
     decisions: dict[str, ModuleDecision] = {}
     for group, members in groups.items():
-        group_type = min((fits[m][0] for m in members), key=RANK.__getitem__)
-        limiting = next(m for m in members if fits[m][0] == group_type)
+        wants, fits = [], []
+        for prefix in members:
+            fact = facts[prefix]
+            want = requested_type(prefix, scheme, overrides, fact.kept_float, fact.routed)
+            wants.append(want)
+            fits.append(best_feasible(want[0], fact.k, fact.routed, fact.k_label))
+        group_type = min((fit[0] for fit in fits), key=RANK.__getitem__)
+        at = next(i for i, fit in enumerate(fits) if fit[0] == group_type)
+        limiting, limiting_fit, limiting_want = members[at], fits[at], wants[at]
         # vllm-ascend reads a MoE layer's type from its first expert and a fused module's from one
         # member: the whole group takes the lowest type any member needs
         joined = f"one type per MoE layer ({group})" if group.endswith(".experts") else "packed"
-        for prefix in members:
-            requested, why = wants[prefix]
+        for prefix, (requested, why), (fit_type, fit_reason) in zip(members, wants, fits):
             if group_type == requested:
                 reason = why
-            elif fits[prefix][0] == group_type and fits[prefix][1]:
-                reason = fits[prefix][1]
-            elif fits[limiting][1]:
-                reason = f"{joined} with {limiting}: {fits[limiting][1]}"
+            elif fit_type == group_type and fit_reason:
+                reason = fit_reason
+            elif limiting_fit[1]:
+                reason = f"{joined} with {limiting}: {limiting_fit[1]}"
             else:
-                reason = f"{joined} with {limiting}, which was requested as {wants[limiting][0]} ({wants[limiting][1]})"
+                reason = f"{joined} with {limiting}, which was requested as {limiting_want[0]} ({limiting_want[1]})"
             decisions[prefix] = ModuleDecision(prefix, group, linears[prefix].shape, requested, group_type, reason)
     return decisions
 
@@ -235,7 +268,7 @@ class OutputTensor:
 
     kind: "copy" (bytes as they are), "resolve" (FP8 -> BF16 FLOAT), "mx_weight" / "mx_scale" (the
     two halves of an MX linear), "bias_f32" (an MX layer's bias, cast to float32). `shard` is set
-    when the plan places it; `nbytes` is computed once (a full-scale plan sums it many times).
+    when the plan places it; `nbytes` is stored (a full-scale plan sums it many times).
     """
 
     name: str
@@ -244,11 +277,8 @@ class OutputTensor:
     quant_type: str
     kind: str
     source: str
+    nbytes: int
     shard: int = 0
-    nbytes: int = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.nbytes = tensor_nbytes(self.dtype, self.shape)
 
     @property
     def spec(self) -> TensorSpec:
@@ -279,6 +309,7 @@ class Plan:
     skipped_files: dict[str, str] = field(default_factory=dict)  # source file -> why it is not copied
     rules: ModelRules = GENERIC_RULES
     deployment: Deployment = Deployment()
+    facts: dict[str, ModuleFacts] = field(default_factory=dict)  # per FP8 linear, as decided with
 
     @property
     def warnings(self) -> list[str]:
@@ -288,9 +319,13 @@ class Plan:
         """Modules the model's rules keep FLOAT (and were not overridden), per reason."""
         counts: dict[str, int] = {}
         for decision in self.decisions.values():
-            if decision.written == FLOAT and decision.reason == self.rules.default_float(decision.module):
+            if decision.written == FLOAT and decision.reason == self.facts[decision.module].kept_float:
                 counts[decision.reason] = counts.get(decision.reason, 0) + 1
         return counts
+
+    def quantized_mtp_modules(self) -> int:
+        """MTP modules written in an MX type (only an --override does that)."""
+        return sum(1 for d in self.decisions.values() if d.written != FLOAT and self.facts[d.module].mtp)
 
     @property
     def fallbacks(self) -> list[ModuleDecision]:
@@ -365,37 +400,49 @@ class Plan:
         }
 
 
-def output_tensors(
-    tensors: dict[str, TensorEntry], linears: dict[str, Fp8Linear], decisions: dict[str, ModuleDecision]
-) -> list[OutputTensor]:
-    """Every package tensor, in source order so that reading the source stays sequential."""
+def source_layout(tensors: dict[str, TensorEntry], linears: dict[str, Fp8Linear]) -> list[tuple]:
+    """The source tensors a package is made from, in source order, as (name, entry, prefix of the
+    linear whose FP8 weight it is, prefix of the linear whose bias it is). Scales are left out: an
+    MX weight's scale is made with it."""
     by_weight = {linear.weight.name: linear for linear in linears.values()}
     scales = {linear.scale.name for linear in linears.values()}
-    mx_biases = {
-        linear.bias.name for linear in linears.values() if linear.bias and decisions[linear.prefix].written != FLOAT
-    }
-    out: list[OutputTensor] = []
+    bias_of = {linear.bias.name: linear.prefix for linear in linears.values() if linear.bias}
+    layout = []
     for name, entry in tensors.items():
         if name in scales:
             continue
         linear = by_weight.get(name)
-        if linear is None:
-            if name in mx_biases:
-                out.append(OutputTensor(name, "F32", entry.shape, FLOAT, "bias_f32", name))
+        layout.append((name, entry, linear.prefix if linear else None, bias_of.get(name)))
+    return layout
+
+
+def output_tensors(
+    tensors: dict[str, TensorEntry],
+    linears: dict[str, Fp8Linear],
+    decisions: dict[str, ModuleDecision],
+    layout: list | None = None,
+) -> list[OutputTensor]:
+    """Every package tensor, in source order so that reading the source stays sequential."""
+    out: list[OutputTensor] = []
+    add = out.append
+    for name, entry, prefix, bias_of in layout if layout is not None else source_layout(tensors, linears):
+        if prefix is None:
+            if bias_of is not None and decisions[bias_of].written != FLOAT:
+                add(OutputTensor(name, "F32", entry.shape, FLOAT, "bias_f32", name, 4 * entry.numel))
             else:
-                out.append(OutputTensor(name, entry.dtype, entry.shape, FLOAT, "copy", name))
+                add(OutputTensor(name, entry.dtype, entry.shape, FLOAT, "copy", name, entry.nbytes))
             continue
-        written = decisions[linear.prefix].written
-        n, k = linear.shape
-        scale_name = linear.prefix + ".weight_scale"
+        written = decisions[prefix].written
+        n, k = entry.shape
         if written == FLOAT:
-            out.append(OutputTensor(name, "BF16", (n, k), FLOAT, "resolve", name))
-        elif written == W8A8_MXFP8:
-            out.append(OutputTensor(name, "F8_E4M3", (n, k), written, "mx_weight", name))
-            out.append(OutputTensor(scale_name, "U8", (n, k // GROUP_SIZE), written, "mx_scale", name))
+            add(OutputTensor(name, "BF16", (n, k), FLOAT, "resolve", name, 2 * n * k))
+            continue
+        if written == W8A8_MXFP8:
+            add(OutputTensor(name, "F8_E4M3", (n, k), written, "mx_weight", name, n * k))
         else:
-            out.append(OutputTensor(name, "U8", (n, k // 2), written, "mx_weight", name))
-            out.append(OutputTensor(scale_name, "U8", (n, k // GROUP_SIZE), written, "mx_scale", name))
+            add(OutputTensor(name, "U8", (n, k // 2), written, "mx_weight", name, n * (k // 2)))
+        groups = k // GROUP_SIZE
+        add(OutputTensor(prefix + ".weight_scale", "U8", (n, groups), written, "mx_scale", name, n * groups))
     return out
 
 
@@ -408,16 +455,16 @@ def assign_shards(tensors: list[OutputTensor], max_shard_size: int) -> tuple[lis
         return tensors, [ShardPlan(SINGLE_SHARD_NAME, list(tensors))]
     bins: list[list[OutputTensor]] = [[]]
     size = 0
-    i = 0
-    while i < len(tensors):
-        unit = tensors[i : i + 2] if tensors[i].kind == "mx_weight" else tensors[i : i + 1]
-        unit_size = sum(t.nbytes for t in unit)
+    i, count = 0, len(tensors)
+    while i < count:
+        step = 2 if tensors[i].kind == "mx_weight" else 1  # the weight and its scale
+        unit_size = tensors[i].nbytes + (tensors[i + 1].nbytes if step == 2 else 0)
         if bins[-1] and size + unit_size > max_shard_size:
             bins.append([])
             size = 0
-        bins[-1].extend(unit)
+        bins[-1].extend(tensors[i : i + step])
         size += unit_size
-        i += len(unit)
+        i += step
     total = len(bins)
     shards = []
     for number, members in enumerate(bins):
@@ -448,6 +495,73 @@ def files_to_copy(names: list[str]) -> tuple[list[str], dict[str, str]]:
     return keep, skipped
 
 
+class Planner:
+    """Plans for one source and deployment. The model's rules are applied to every FP8 linear once;
+    each `plan()` (inspect makes one per scheme) then only decides types, tensors and shards.
+
+    `config` is the source's config.json: its model_type selects the rules in models.py.
+    """
+
+    @gc_paused()
+    def __init__(
+        self,
+        tensors: dict[str, TensorEntry],
+        linears: dict[str, Fp8Linear],
+        source_files: list[str],
+        bytes_in: int,
+        config: dict | None = None,
+        deployment: Deployment | None = None,
+        unsafe_files: dict[str, str] | None = None,
+    ):
+        self.tensors = tensors
+        self.linears = linears
+        self.copied_files, skipped = files_to_copy(source_files)
+        self.skipped_files = {**(unsafe_files or {}), **skipped}  # source file -> why it is not copied
+        self.bytes_in = bytes_in
+        self.rules = rules_for(config)
+        self.deployment = deployment or Deployment()
+        self.facts = module_facts(linears, self.rules, self.deployment)
+        self.groups = group_members(self.facts)
+        self.layout = source_layout(tensors, linears)
+
+    @gc_paused()
+    def plan(
+        self,
+        scheme: str = "w8a8-mxfp8",
+        scale_rule: str = "mse",
+        resolve_dtype: str = "bf16",
+        overrides: list[Override] | None = None,
+        max_shard_size: int = DEFAULT_MAX_SHARD_SIZE,
+    ) -> Plan:
+        from ascendconv.formats.constants import SCALE_RULES
+
+        if scale_rule not in SCALE_RULES:
+            raise BadOptionError(f"unknown scale rule {scale_rule!r}", f"choose one of {', '.join(SCALE_RULES)}")
+        if resolve_dtype not in RESOLVE_DTYPES:
+            raise BadOptionError(f"unknown resolve dtype {resolve_dtype!r}", "choose bf16 or fp32")
+        if max_shard_size < 0:
+            raise BadOptionError("--max-shard-size must not be negative")
+        decisions = decide_modules(self.linears, scheme, overrides or [], self.facts, self.groups)
+        placed, shards = assign_shards(
+            output_tensors(self.tensors, self.linears, decisions, self.layout), max_shard_size
+        )
+        return Plan(
+            scheme=scheme,
+            scale_rule=scale_rule,
+            resolve_dtype=resolve_dtype,
+            max_shard_size=max_shard_size,
+            decisions=decisions,
+            tensors=placed,
+            shards=shards,
+            copied_files=list(self.copied_files),
+            bytes_in=self.bytes_in,
+            skipped_files=dict(self.skipped_files),
+            rules=self.rules,
+            deployment=self.deployment,
+            facts=self.facts,
+        )
+
+
 def make_plan(
     tensors: dict[str, TensorEntry],
     linears: dict[str, Fp8Linear],
@@ -462,34 +576,9 @@ def make_plan(
     config: dict | None = None,
     deployment: Deployment | None = None,
 ) -> Plan:
-    """`config` is the source's config.json (its model_type selects the rules in models.py)."""
-    from ascendconv.formats.constants import SCALE_RULES
-
-    if scale_rule not in SCALE_RULES:
-        raise BadOptionError(f"unknown scale rule {scale_rule!r}", f"choose one of {', '.join(SCALE_RULES)}")
-    if resolve_dtype not in RESOLVE_DTYPES:
-        raise BadOptionError(f"unknown resolve dtype {resolve_dtype!r}", "choose bf16 or fp32")
-    if max_shard_size < 0:
-        raise BadOptionError("--max-shard-size must not be negative")
-    rules = rules_for(config)
-    deployment = deployment or Deployment()
-    decisions = decide_modules(linears, scheme, overrides or [], rules, deployment)
-    placed, shards = assign_shards(output_tensors(tensors, linears, decisions), max_shard_size)
-    copied, skipped = files_to_copy(source_files)
-    return Plan(
-        scheme=scheme,
-        scale_rule=scale_rule,
-        resolve_dtype=resolve_dtype,
-        max_shard_size=max_shard_size,
-        decisions=decisions,
-        tensors=placed,
-        shards=shards,
-        copied_files=copied,
-        bytes_in=bytes_in,
-        skipped_files={**(unsafe_files or {}), **skipped},
-        rules=rules,
-        deployment=deployment,
-    )
+    """One plan: `Planner(...).plan(...)`."""
+    planner = Planner(tensors, linears, source_files, bytes_in, config, deployment, unsafe_files)
+    return planner.plan(scheme, scale_rule, resolve_dtype, overrides, max_shard_size)
 
 
 _SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,

@@ -29,6 +29,7 @@ from ascendconv.errors import (
     UnsupportedTensorError,
     shown,
 )
+from ascendconv.gcpause import gc_paused
 from ascendconv.io.files import is_regular, read_json
 from ascendconv.io.rules import check_source_tensors
 from ascendconv.io.safetensors import SafetensorsHeader, TensorEntry, TensorReader, read_header
@@ -253,6 +254,7 @@ class SourceCheckpoint:
     reader: TensorReader = field(default_factory=TensorReader, repr=False)
 
     @classmethod
+    @gc_paused()  # about 100,000 header entries for a full-scale checkpoint
     def open(cls, path: str | os.PathLike) -> "SourceCheckpoint":
         root = Path(path)
         if not root.is_dir():
