@@ -203,6 +203,14 @@ def render_convert(result) -> None:
     out.print(Text(head, style="bold"))
     if result.reused_shards:
         out.print(f"resumed: {_plural(len(result.reused_shards), 'finished shard')} reused, the rest converted")
+    deployment = plan.deployment
+    if deployment.tp > 1 or deployment.ep or deployment.shared_experts_as_routed:
+        out.print(Text(
+            f"planned for --tp {deployment.tp}" + (" --ep" if deployment.ep else "")
+            + (" --shared-experts-as-routed" if deployment.shared_experts_as_routed else ""),
+        ))
+    for warning in plan.warnings:
+        err.print(Text(f"warning: {warning}", style="yellow"))
     rows = [[pattern, str(sum(types.values())), _types_cell(types)] for pattern, types in plan.module_groups().items()]
     _section(out, "FP8 linears, by module (layer and expert numbers as *)")
     out.print(_fit_table(out, ["module", "n", "written as"], rows, right=(1,)))
@@ -210,10 +218,13 @@ def render_convert(result) -> None:
         _section(out, f"shards (limit {human_bytes(plan.max_shard_size) if plan.max_shard_size else 'none'})")
         rows = [[s.file, str(len(s.tensors)), human_bytes(s.nbytes)] for s in plan.shards]
         out.print(_fit_table(out, ["file", "tensors", "bytes"], rows, right=(1, 2)))
+    kept = plan.kept_float()
+    if kept:
+        _section(out, "kept FLOAT by the model's rules")
+        out.print(_fit_table(out, ["modules", "reason"], [[str(n), why] for why, n in kept.items()], right=(0,), wrap=1))
     if plan.fallbacks:
         _section(out, f"{_plural(len(plan.fallbacks), 'fallback')}")
-        rows = [[fb.module, f"{fb.requested} -> {fb.written}", fb.reason] for fb in plan.fallbacks]
-        out.print(_fit_table(out, ["module", "type", "reason"], rows, wrap=2))
+        out.print(_fit_table(out, ["module", "n", "type", "reason"], _fallback_rows(plan.fallbacks), right=(1,), wrap=3))
     counts = ", ".join(f"{n} {t}" for t, n in plan.tensor_counts().items() if n)
     bytes_out = plan.bytes_out if result.dry_run else result.bytes_written
     out.print()
@@ -449,7 +460,20 @@ def _render_inspect_summary(report, console: Console) -> None:
         text += f", {report.routed_experts} routed experts in {_plural(report.moe_layers, 'MoE layer')}"
     else:
         text += ", no routed experts"
+    if report.shared_expert_layers:
+        text += f", shared experts in {report.shared_expert_layers}"
+    if report.indexer_layers:
+        text += f", indexers in {report.indexer_layers}"
+    if report.mtp_layers:
+        text += f", MTP: {', '.join(report.mtp_layers)}"
     facts.append(("structure", text))
+    facts.append(("rules", report.family))
+    if report.deployment is not None:
+        deployment = report.deployment
+        text = f"--tp {deployment['tp']}" + (" --ep" if deployment["ep"] else "")
+        if deployment["shared_experts_as_routed"]:
+            text += " --shared-experts-as-routed"
+        facts.append(("planned for", text))
     if report.kind == KIND_PLAIN:
         facts.append(("convert", "not possible: no block-FP8 quantization_config"))
     label_width = max(cell_len(label) for label, _ in facts)
@@ -461,6 +485,8 @@ def _render_inspect_summary(report, console: Console) -> None:
             value = elide_middle(value, console.width - label_width - 2)
         grid.add_row(Text(label, style="dim"), Text(value))
     console.print(grid)
+    for warning in report.warnings:
+        console.print(Text(f"warning: {warning}", style="yellow"))
 
     for title, table, key in (("tensors by dtype", report.by_dtype, "dtype"), ("tensors by quant type", report.by_quant_type, "quant type")):
         _section(console, title)
@@ -484,6 +510,7 @@ def _render_inspect_summary(report, console: Console) -> None:
         console.print(_fit_table(console, headers, rows, right=(1,)))
     if report.schemes is not None:
         _render_fallbacks(report, console)
+        _render_runtime(report, console)
     if package is not None:
         _render_package_files(report, console)
 
@@ -502,28 +529,46 @@ def _render_scheme_estimates(report, console: Console) -> None:
     console.print(_fit_table(console, headers, rows, right=tuple(range(1, len(headers))), elide=None))
 
 
+def _fallback_rows(fallbacks) -> list[list[str]]:
+    """One row per (module pattern, requested, written, reason with numbers as *)."""
+    from ascendconv.plan import module_pattern
+
+    merged: dict[tuple, list] = {}
+    for fb in fallbacks:
+        merged.setdefault((module_pattern(fb.module), fb.requested, fb.written, module_pattern(fb.reason)), []).append(fb)
+    rows = []
+    for (pattern, requested, written, reason), members in merged.items():
+        one = len(members) == 1
+        rows.append(
+            [members[0].module if one else pattern, str(len(members)), f"{requested}\n→ {written}", members[0].reason if one else reason]
+        )
+    return rows
+
+
 def _render_fallbacks(report, console: Console) -> None:
-    from ascendconv.inspect import module_pattern
 
     any_fallback = False
     for scheme, estimate in report.schemes.items():
         if not estimate.fallbacks:
             continue
         any_fallback = True
-        # one row per (module pattern, requested, written, reason with numbers as *)
-        merged: dict[tuple, list] = {}
-        for fb in estimate.fallbacks:
-            merged.setdefault((fb.pattern, fb.requested, fb.written, module_pattern(fb.reason)), []).append(fb)
         _section(console, f"fallbacks under {scheme}: {_plural(len(estimate.fallbacks), 'module')}")
-        rows = []
-        for (pattern, requested, written, reason), members in merged.items():
-            one = len(members) == 1
-            rows.append(
-                [members[0].module if one else pattern, str(len(members)), f"{requested}\n→ {written}", members[0].reason if one else reason]
-            )
+        rows = _fallback_rows(estimate.fallbacks)
         console.print(_fit_table(console, ["module", "n", "type", "reason"], rows, right=(1,), wrap=3))
     if not any_fallback:
         console.print(Text("no fallbacks under any scheme", style="dim"))
+
+
+def _render_runtime(report, console: Console) -> None:
+    _section(console, "what vllm-ascend will run, per --scheme")
+    for scheme, estimate in report.schemes.items():
+        console.print(Text(scheme, style="bold"))
+        notes = Table.grid(padding=(0, 1))
+        notes.add_column(no_wrap=True)
+        notes.add_column()  # a note wraps under itself
+        for note in estimate.runtime:
+            notes.add_row("  -", Text(note))
+        console.print(notes)
 
 
 _MAX_LISTED = 10

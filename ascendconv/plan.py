@@ -248,16 +248,19 @@ def decide_modules(
         limiting, limiting_fit, limiting_want = members[at], fits[at], wants[at]
         # vllm-ascend reads a MoE layer's type from its first expert and a fused module's from one
         # member: the whole group takes the lowest type any member needs
-        joined = f"one type per MoE layer ({group})" if group.endswith(".experts") else "packed"
+        if group.endswith(".experts"):
+            joined = f"one type per MoE layer; {limiting[len(group) - len('experts'):]}"
+        else:
+            joined = f"packed with {limiting}"
         for prefix, (requested, why), (fit_type, fit_reason) in zip(members, wants, fits):
             if group_type == requested:
                 reason = why
             elif fit_type == group_type and fit_reason:
                 reason = fit_reason
             elif limiting_fit[1]:
-                reason = f"{joined} with {limiting}: {limiting_fit[1]}"
+                reason = f"{joined}: {limiting_fit[1]}"
             else:
-                reason = f"{joined} with {limiting}, which was requested as {limiting_want[0]} ({limiting_want[1]})"
+                reason = f"{joined} was requested as {limiting_want[0]} ({limiting_want[1]})"
             decisions[prefix] = ModuleDecision(prefix, group, linears[prefix].shape, requested, group_type, reason)
     return decisions
 

@@ -182,3 +182,33 @@ def test_fp32_resolve_differs_from_bf16_only_where_rounding_matters(tmp_path):
     a, b = package_tensors(bf16), package_tensors(fp32)
     differing = [np.mean(a[n] != b[n]) for n in a if n.endswith(".weight") and a[n].dtype == np.uint8]
     assert differing and 0 < np.mean(differing) < 0.05
+
+
+def test_dry_run_json_holds_the_description_the_run_writes(converted):
+    """A CI job can review quant_model_description.json before the hours of a real conversion."""
+    from typer.testing import CliRunner
+
+    from ascendconv.cli import app
+
+    args = ["convert", str(FIXTURES / "deepseek-v3-fp8"), "unused-out", "--scheme", "w4a8-mxfp-moe", "--dry-run", "--json"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    planned = json.loads(result.stdout)
+    assert planned["dry_run"] is True and planned["model_type"] == "deepseek_v3"
+    assert (planned["tp"], planned["ep"], planned["shared_experts_as_routed"], planned["warnings"]) == (1, False, False, [])
+    written = json.loads((converted("deepseek-v3-fp8", "w4a8-mxfp-moe") / "quant_model_description.json").read_text())
+    assert planned["description"] == written
+    assert not Path("unused-out").exists()
+
+
+def test_dry_run_never_imports_the_kernels():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from ascendconv.convert import ConvertOptions, convert\n"
+        f"convert({str(FIXTURES / 'qwen3-moe-fp8')!r}, 'unused-out', ConvertOptions(), dry_run=True)\n"
+        "assert 'numba' not in sys.modules and 'ascendconv.kernels' not in sys.modules, 'kernels imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
