@@ -2,8 +2,8 @@
 
 Each family's copy (tests/fullscale.py) has the published config.json, every tensor's name, dtype
 and shape and the shard layout, with data regions left as holes. For each: the generator against the
-published totals, inspect, a plan per scheme (what `convert --dry-run` prints) and the dry run
-the CLI dry run, with the decisions checked against what vllm-ascend's loader does for that model_type.
+published totals, inspect, a plan per scheme (what `convert --dry-run` prints), TP deployments and
+CLI dry runs, with the decisions checked against what vllm-ascend's loader does for that model_type.
 Expected counts are derived from each architecture, not copied from a run.
 """
 
