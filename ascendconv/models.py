@@ -62,7 +62,7 @@ class Family:
     expert_projections: tuple[tuple[str, str, str], ...]
     packed: tuple[tuple[tuple[str, ...], str], ...]
     shared_expert_names: tuple[str, ...] = ()  # the shared expert's module name under the MoE block
-    float_rules: tuple[tuple[str, str], ...] = ()  # (regex searched in the module name, reason)
+    float_rules: tuple[tuple[str, str], ...] = ()  # (ending of the module name, reason)
     mtp_prefix: str | None = None  # top-level prefix of MTP modules (Qwen3-Next: "mtp.")
     mla: bool = False
 
@@ -75,16 +75,16 @@ _DEEPSEEK = dict(
 )
 FAMILIES = (
     # DeepSeek-V3 / R1 / V3.1: MLA, routed + shared experts, MTP layer(s) after the decoder layers.
-    Family(("deepseek_v3",), "DeepSeek-V3 / R1 / V3.1", float_rules=((r"\.kv_b_proj$", KV_B_REASON),), **_DEEPSEEK),
+    Family(("deepseek_v3",), "DeepSeek-V3 / R1 / V3.1", float_rules=((".kv_b_proj", KV_B_REASON),), **_DEEPSEEK),
     # DeepSeek-V3.2-Exp adds the lightning indexer (self_attn.indexer.{wq_b,wk,k_norm,weights_proj}).
     Family(
         ("deepseek_v32",),
         "DeepSeek-V3.2-Exp",
-        float_rules=((r"\.kv_b_proj$", KV_B_REASON), (r"\.indexer\.wk$", INDEXER_WK_REASON)),
+        float_rules=((".kv_b_proj", KV_B_REASON), (".indexer.wk", INDEXER_WK_REASON)),
         **_DEEPSEEK,
     ),
     # Kimi-K2's config says model_type kimi_k2 and loads as DeepseekV3ForCausalLM (no MTP tensors).
-    Family(("kimi_k2",), "Kimi-K2", float_rules=((r"\.kv_b_proj$", KV_B_REASON),), **_DEEPSEEK),
+    Family(("kimi_k2",), "Kimi-K2", float_rules=((".kv_b_proj", KV_B_REASON),), **_DEEPSEEK),
     Family(("qwen3",), "Qwen3 (dense)", expert_projections=(), packed=(QKV, GATE_UP)),
     Family(("qwen3_moe",), "Qwen3-MoE", expert_projections=(GATE_UP_DOWN,), packed=(QKV, GATE_UP)),
     # Qwen3-Next: gated DeltaNet linear attention (linear_attn.in_proj_qkvz / in_proj_ba / out_proj),
@@ -110,7 +110,7 @@ GENERIC = Family(
     expert_projections=(GATE_UP_DOWN, W1_W3_W2),
     packed=(QKV, GATE_UP, MLA_QKV_A),
     shared_expert_names=("shared_experts", "shared_expert"),
-    float_rules=((r"\.kv_b_proj$", KV_B_REASON), (r"\.indexer\.wk$", INDEXER_WK_REASON)),
+    float_rules=((".kv_b_proj", KV_B_REASON), (".indexer.wk", INDEXER_WK_REASON)),
     mtp_prefix="mtp.",
 )
 
@@ -187,8 +187,13 @@ class ModelRules:
         return frozenset(names[2] for names in self.family.expert_projections)
 
     @cached_property
-    def _compiled_float_rules(self) -> tuple[tuple[re.Pattern, str], ...]:
-        return tuple((re.compile(pattern), reason) for pattern, reason in self.family.float_rules)
+    def _mtp_layer_prefixes(self) -> tuple[str, ...]:
+        # DeepSeek numbers its MTP layers after the decoder layers: num_hidden_layers onwards, as many
+        # as num_nextn_predict_layers
+        if self.num_hidden_layers is None:
+            return ()
+        first = self.num_hidden_layers
+        return tuple(f"model.layers.{i}." for i in range(first, first + self.mtp_layer_count))
 
     def routed_expert(self, prefix: str) -> re.Match | None:
         """The match (groups layer, expert, proj) if `prefix` is a routed expert's projection."""
@@ -200,19 +205,13 @@ class ModelRules:
         return match["layer"] if match else None
 
     def is_mtp(self, prefix: str) -> bool:
-        if self.family.mtp_prefix and prefix.startswith(self.family.mtp_prefix):
-            return True
-        if self.mtp_layer_count and self.num_hidden_layers is not None:
-            match = _LAYER_NUMBER.match(prefix)
-            # DeepSeek numbers its MTP layers after the decoder layers: num_hidden_layers onwards
-            return bool(match) and int(match[1]) >= self.num_hidden_layers
-        return False
+        return self.mtp_label(prefix) is not None
 
     def mtp_label(self, name: str) -> str | None:
-        """The MTP layer a tensor belongs to ('model.layers.61', 'mtp'), or None."""
+        """The MTP layer a tensor or module belongs to ('model.layers.61', 'mtp'), or None."""
         if self.family.mtp_prefix and name.startswith(self.family.mtp_prefix):
             return self.family.mtp_prefix.rstrip(".")
-        if self.is_mtp(name):
+        if self._mtp_layer_prefixes and name.startswith(self._mtp_layer_prefixes):
             return name[: _LAYER_NUMBER.match(name).end() - 1]
         return None
 
@@ -229,8 +228,8 @@ class ModelRules:
         """Why the module stays FLOAT unless overridden, or None."""
         if self.is_mtp(prefix):
             return MTP_REASON
-        for pattern, reason in self._compiled_float_rules:
-            if pattern.search(prefix):
+        for ending, reason in self.family.float_rules:
+            if prefix.endswith(ending):
                 return reason
         return None
 

@@ -1,16 +1,27 @@
 """Our safetensors reader and writer against the reference `safetensors` library."""
 
 import json
+import math
 import struct
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from ascendconv.errors import HeaderError, TruncatedFileError
-from ascendconv.io.safetensors import ShardWriter, TensorReader, TensorSpec, encode_header, read_header
+from ascendconv.io.safetensors import (
+    NUMPY_DTYPES,
+    ShardWriter,
+    TensorReader,
+    TensorSpec,
+    encode_header,
+    read_header,
+)
 
 
 def test_reads_what_the_library_writes(tmp_path):
@@ -126,3 +137,34 @@ def test_encode_header_offsets_follow_spec_order():
     header = json.loads(raw[8:])
     assert header["z"]["data_offsets"] == [0, 3] and header["a"]["data_offsets"] == [3, 7]
     assert list(header) == ["z", "a"]
+
+
+_ODD_VALUES = st.one_of(st.integers(min_value=-2, max_value=2**64), st.booleans(), st.none(), st.floats(allow_nan=False), st.text(max_size=3))
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    dtype=st.one_of(st.sampled_from(["F8_E4M3", "BF16", "F32", "U8", "I64"]), st.sampled_from(["F9", "bf16"]), _ODD_VALUES),
+    shape=st.one_of(
+        st.lists(st.integers(min_value=0, max_value=2**12), max_size=4),
+        st.lists(st.one_of(st.integers(min_value=-1, max_value=2**40), st.booleans(), _ODD_VALUES), max_size=4),
+        _ODD_VALUES,
+    ),
+    begin=st.one_of(st.integers(min_value=0, max_value=2**20), _ODD_VALUES),
+    extra=st.one_of(st.just(0), st.integers(min_value=-3, max_value=3), st.none()),
+)
+def test_plain_entry_accepts_only_what_parse_entry_accepts_and_makes_the_same_entry(dtype, shape, begin, extra):
+    """The fast path for well-formed headers never widens what read_header accepts."""
+    from ascendconv.io.safetensors import _parse_entry, _plain_entry
+
+    size = None
+    if isinstance(shape, list) and dtype in NUMPY_DTYPES and all(isinstance(d, int) for d in shape):
+        size = NUMPY_DTYPES[dtype].itemsize * math.prod(shape)
+    end = begin + size + (extra or 0) if isinstance(begin, int) and size is not None else begin
+    info = {"dtype": dtype, "shape": shape, "data_offsets": [begin, end]}
+    fast = _plain_entry(Path("x.safetensors"), "t", info, 64)
+    try:
+        full = _parse_entry(Path("x.safetensors"), "t", info, 64)
+    except HeaderError:
+        full = None
+    assert fast is None or fast == full
