@@ -14,7 +14,7 @@ rules (every family's naming at once, any `experts.N.<proj>` is a routed expert)
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 
 # Projection names of a routed / shared expert, as (gate, up, down): the down projection is the
@@ -29,13 +29,16 @@ GATE_UP = (("gate_proj", "up_proj"), "gate_up_proj")
 MLA_QKV_A = (("q_a_proj", "kv_a_proj_with_mqa"), "fused_qkv_a_proj")  # DeepSeek MLA's down projections
 
 # Why a module stays FLOAT by default (the package then holds its BF16-resolved weight).
+# vllm-ascend's MLA splits kv_b_proj into the absorbed W_UK / W_UV matrices at load, from a float
+# weight (the AscendV1 contract, section 3).
 KV_B_REASON = "kv_b_proj stays FLOAT (vllm-ascend absorbs it into MLA attention)"
 # vLLM's DeepSeek-V3.2 indexer fuses wk with the BF16 weights_proj into one projection built without
 # a quant config; its loader can only upcast an FP8 wk that has a block scale (weight_scale_inv).
 INDEXER_WK_REASON = "indexer.wk stays FLOAT (vLLM fuses it with the BF16 weights_proj, unquantized)"
 # vllm-ascend runs the DeepSeek MTP layer unquantized (its MTP support note: the layer stays
-# bfloat16 and is described FLOAT; DeepSeek MTP supports only FLOAT); msModelSlim likewise leaves
-# MTP layers unquantized by default. Qwen3-Next's mtp.* follows the same rule.
+# bfloat16 and is described FLOAT; its docs: DeepSeek MTP supports only FLOAT); msModelSlim likewise
+# leaves MTP layers unquantized by default. Qwen3-Next's mtp.* gets the same rule (assumed: no public
+# source says how vllm-ascend loads a quantized Qwen3-Next MTP layer).
 MTP_REASON = "MTP layer stays FLOAT (vllm-ascend runs the MTP draft layer unquantized)"
 
 # How vLLM splits each linear over T tensor-parallel ranks, by the module's last name.
@@ -151,8 +154,6 @@ class ModelRules:
     family: Family
     num_hidden_layers: int | None
     mtp_layer_count: int  # DeepSeek's num_nextn_predict_layers (0 if absent)
-    experts: int | None  # routed experts per MoE layer, from config.json
-    _float_rules: tuple = field(default=(), repr=False, compare=False)
 
     @property
     def known(self) -> bool:
@@ -181,10 +182,6 @@ class ModelRules:
     @cached_property
     def _packed(self) -> dict[str, str]:
         return {member: fused for members, fused in self.family.packed for member in members}
-
-    @cached_property
-    def _down_projections(self) -> frozenset[str]:
-        return frozenset(names[2] for names in self.family.expert_projections)
 
     @cached_property
     def _mtp_layer_prefixes(self) -> tuple[str, ...]:
@@ -233,9 +230,6 @@ class ModelRules:
                 return reason
         return None
 
-    def is_down_projection(self, prefix: str) -> bool:
-        return prefix.rpartition(".")[2] in self._down_projections
-
 
 def tp_role(prefix: str) -> str | None:
     """'row', 'column' or 'replicated': how vLLM splits the linear over tensor-parallel ranks."""
@@ -257,5 +251,4 @@ def rules_for(config: dict | None) -> ModelRules:
         family=_BY_TYPE.get(model_type, GENERIC),
         num_hidden_layers=_int(config, "num_hidden_layers"),
         mtp_layer_count=_int(config, "num_nextn_predict_layers") or 0,
-        experts=expert_count(config),
     )
