@@ -192,6 +192,14 @@ class ModelRules:
         first = self.num_hidden_layers
         return tuple(f"model.layers.{i}." for i in range(first, first + self.mtp_layer_count))
 
+    @cached_property
+    def _roles(self) -> dict[str, str]:
+        return {proj: GATE_UP_DOWN[i] for names in self.family.expert_projections for i, proj in enumerate(names)}
+
+    def expert_role(self, proj: str) -> str:
+        """A routed expert's projection as gate_proj / up_proj / down_proj, whatever the family names it."""
+        return self._roles[proj]
+
     def routed_expert(self, prefix: str) -> re.Match | None:
         """The match (groups layer, expert, proj) if `prefix` is a routed expert's projection."""
         return self._routed.match(prefix)

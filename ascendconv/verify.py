@@ -1495,7 +1495,7 @@ def moe_layer_check(
 
 
 def _run_moe(lay: _Layout, source, options: VerifyOptions, progress: Progress | None) -> tuple[Check, list[MoeReport]]:
-    layers = moe_layers(lay.description)
+    layers = moe_layers(lay.description, lay.pkg.config)
     if not layers:
         return _skip("moe", "no MoE layers in the package: nothing to check"), []
     chosen = sample_layers(list(layers), options.moe_layers)
@@ -1543,7 +1543,7 @@ def compare_npu_output(
 def _npu_layers(lay: _Layout) -> dict[str, dict]:
     """The W4A8_MXFP MoE layers GroupedMatmulSituQuant can run on."""
     w4 = {}
-    for layer, names in moe_layers(lay.description).items():
+    for layer, names in moe_layers(lay.description, lay.pkg.config).items():
         why, quant_type = _layer_problem(lay, layer, names, None)
         if why is None and quant_type == W4A8_MXFP:
             w4[layer] = names

@@ -62,38 +62,40 @@ STRUCTURE = {  # layers, MoE layers (MTP included), routed experts, layers with 
     "minimax-m2": (62, 62, 256, 0, [], 0),
 }
 
-_roots: dict = {}
-_sources: dict = {}
-_planners: dict = {}
-
-
 @pytest.fixture(scope="session")
 def family_root(tmp_path_factory):
     """family name -> directory of its sparse header-only copy, written once per session."""
+    roots: dict = {}
 
     def make(name: str):
-        if name not in _roots:
-            _roots[name] = write_sparse_checkpoint(FAMILIES[name](), tmp_path_factory.mktemp("families") / name)
-        return _roots[name]
-
-    yield make
-    for source in _sources.values():
-        source.close()
-
-
-@pytest.fixture(scope="session")
-def planner(family_root):
-    """(family, Deployment) -> Planner over the family's copy, opened once per session."""
-
-    def make(name: str, deployment: Deployment = Deployment()):
-        if name not in _sources:
-            _sources[name] = SourceCheckpoint.open(family_root(name))
-        key = (name, deployment)
-        if key not in _planners:
-            _planners[key] = planner_for(_sources[name], deployment)
-        return _planners[key]
+        if name not in roots:
+            roots[name] = write_sparse_checkpoint(FAMILIES[name](), tmp_path_factory.mktemp("families") / name)
+        return roots[name]
 
     return make
+
+
+@pytest.fixture(scope="module")
+def planner(family_root):
+    """(family, Deployment) -> Planner over the family's copy, opened once. Module scope: the
+    opened sources (about a million objects) are let go before later tests run, whose subprocesses
+    would otherwise inherit a large peak RSS from this process."""
+    sources: dict = {}
+    planners: dict = {}
+
+    def make(name: str, deployment: Deployment = Deployment()):
+        if name not in sources:
+            sources.clear()  # one family at a time: tests use them in turn
+            planners.clear()
+            sources[name] = SourceCheckpoint.open(family_root(name))
+        key = (name, deployment)
+        if key not in planners:
+            planners[key] = planner_for(sources[name], deployment)
+        return planners[key]
+
+    yield make
+    sources.clear()
+    planners.clear()
 
 
 def written(plan, fragment: str) -> set[str]:

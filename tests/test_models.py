@@ -188,3 +188,24 @@ def test_shared_experts_as_routed_take_the_routed_type_and_layer():
 def test_tp_must_be_positive(tp):
     with pytest.raises(BadOptionError, match="--tp"):
         Deployment(tp=tp)
+
+
+def test_moe_coverage_knows_each_familys_expert_names():
+    from ascendconv.io.rules import moe_coverage_problems, moe_layers
+
+    names = [name for name in minimax_layer() if name.endswith(".weight")]
+    config = {"model_type": "minimax_m2", "num_local_experts": 2}
+    layers = moe_layers(names, config)
+    assert layers == {
+        "model.layers.0.block_sparse_moe": {
+            e: {role: f"model.layers.0.block_sparse_moe.experts.{e}.{w}.weight" for role, w in
+                (("gate_proj", "w1"), ("up_proj", "w3"), ("down_proj", "w2"))}
+            for e in range(2)
+        }
+    }
+    assert moe_coverage_problems(names, config, "x") == []
+    missing = [n for n in names if n != "model.layers.0.block_sparse_moe.experts.1.w3.weight"]
+    assert moe_coverage_problems(missing, config, "x") == ["model.layers.0.block_sparse_moe.experts.1 has no up_proj in x"]
+    assert moe_coverage_problems(names, {**config, "num_local_experts": 4}, "x") == [
+        "model.layers.0.block_sparse_moe has 2 experts but config.json says 4"
+    ]

@@ -13,6 +13,7 @@ from typing import Iterable
 
 from ascendconv.errors import IncompleteMoEError, UnrecognizedCheckpointError, UnsupportedTensorError, clip, shown
 from ascendconv.io.safetensors import TensorEntry
+from ascendconv.models import GATE_UP_DOWN, expert_count, rules_for
 
 # Keys of quant_model_description.json besides the tensor names: a tensor of one of these names
 # would be overwritten by (or taken for) the field.
@@ -20,20 +21,22 @@ DESCRIPTION_FIELDS = ("version", "model_quant_type", "metadata", "group_size", "
 MX_SCALE_SUFFIX = ".weight_scale"  # the name the package gives an MX layer's E8M0 scales
 FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
 FP8_DTYPES = ("F8_E4M3", "F8_E5M2", "F8_E8M0")
-ROUTED_EXPERT_WEIGHT = re.compile(
-    r"^(?P<layer>.*\.mlp)\.experts\.(?P<expert>\d{1,9})\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$"
-)
-EXPERT_COUNT_KEYS = ("num_experts", "n_routed_experts", "num_local_experts")
-EXPERT_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+EXPERT_PROJECTIONS = GATE_UP_DOWN  # the roles, whatever a family names them (MiniMax: w1, w3, w2)
+MAX_EXPERT_DIGITS = 9  # expert numbers beyond any model; int() of a huge digit string is never tried
 
 
-def moe_layers(names: Iterable[str]) -> dict[str, dict[int, dict[str, str]]]:
-    """layer prefix ('model.layers.3.mlp') -> expert -> projection -> weight name, in layer order."""
+def moe_layers(names: Iterable[str], config: dict | None = None) -> dict[str, dict[int, dict[str, str]]]:
+    """layer prefix ('model.layers.3.mlp') -> expert -> projection role -> weight name, in layer
+    order. Routed experts are named as the model family of config.json names them (models.py)."""
+    rules = rules_for(config if isinstance(config, dict) else None)
     layers: dict[str, dict[int, dict[str, str]]] = {}
     for name in names:
-        match = ROUTED_EXPERT_WEIGHT.match(name)
-        if match:
-            layers.setdefault(match["layer"], {}).setdefault(int(match["expert"]), {})[match["proj"]] = name
+        if not name.endswith(".weight"):
+            continue
+        match = rules.routed_expert(name[: -len(".weight")])
+        if match and len(match["expert"]) <= MAX_EXPERT_DIGITS:
+            role = rules.expert_role(match["proj"])
+            layers.setdefault(match["layer"], {}).setdefault(int(match["expert"]), {})[role] = name
 
     def order(layer: str):
         return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", layer)]
@@ -41,25 +44,13 @@ def moe_layers(names: Iterable[str]) -> dict[str, dict[int, dict[str, str]]]:
     return {layer: layers[layer] for layer in sorted(layers, key=order)}
 
 
-def configured_experts(config: dict | None) -> int | None:
-    """The routed-expert count config.json states (top level or text_config), if any."""
-    config = config if isinstance(config, dict) else {}
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
-    for source in (config, text):
-        for key in EXPERT_COUNT_KEYS:
-            value = source.get(key)
-            if isinstance(value, int) and not isinstance(value, bool):
-                return value
-    return None
-
-
 def moe_coverage_problems(names: Iterable[str], config: dict | None, where: str) -> list[str]:
     """Whole MoE layers: experts 0..E-1, each with its three projections, E as config.json says.
     `where` names what holds the names (for the messages). Work is bounded by the names given,
     never by an expert number read from a file."""
     problems = []
-    configured = configured_experts(config)
-    for layer, experts in moe_layers(names).items():
+    configured = expert_count(config) if isinstance(config, dict) else None  # models.py: the one reading
+    for layer, experts in moe_layers(names, config).items():
         count = max(experts) + 1
         absent = count - len(experts)
         if absent:
