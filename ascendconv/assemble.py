@@ -31,7 +31,7 @@ from ascendconv.io.outdir import StagedOutput, check_output, signals_interrupt
 from ascendconv.io.output import check_output_path, output_errors
 from ascendconv.io.checksum import CHECKSUM, file_digest
 from ascendconv.parts import PART_FORMAT, assign_parts
-from ascendconv.plan import DESCRIPTION_NAME, PART_MANIFEST_NAME, PROVENANCE_NAME
+from ascendconv.ascendv1 import DESCRIPTION_NAME, PART_MANIFEST_NAME, PROVENANCE_NAME
 from ascendconv.resume import differences, fingerprint, read_json, sha256_hex
 
 

@@ -516,7 +516,7 @@ def _render_inspect_summary(report, console: Console) -> None:
 
 
 def _render_scheme_estimates(report, console: Console) -> None:
-    from ascendconv.plan import QUANT_TYPES
+    from ascendconv.ascendv1 import QUANT_TYPES
 
     _section(console, "what convert would write, per --scheme (default options)")
     estimates = list(report.schemes.values())

@@ -23,7 +23,8 @@ from ascendconv.errors import AscendconvError, PartFailedError, RayMissingError
 from ascendconv.io.outdir import StagedOutput, check_output, signals_interrupt
 from ascendconv.io.output import check_free_space, check_output_path, output_errors
 from ascendconv.io.source import SourceCheckpoint
-from ascendconv.plan import DESCRIPTION_NAME, Plan
+from ascendconv.ascendv1 import DESCRIPTION_NAME
+from ascendconv.plan import Plan
 
 PROGRESS_EVERY = 0.25  # seconds between a task's progress reports
 

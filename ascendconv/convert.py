@@ -33,17 +33,8 @@ from ascendconv.io.output import check_free_space, check_output_path, output_err
 from ascendconv.io.safetensors import ShardWriter, TensorEntry, nonfinite_count
 from ascendconv.io.source import Fp8Linear, SourceCheckpoint, find_quantization_config
 from ascendconv.parts import PART_MANIFEST_NAME, part_shards, write_part_manifest
-from ascendconv.plan import (
-    DEFAULT_MAX_SHARD_SIZE,
-    DESCRIPTION_NAME,
-    INDEX_NAME,
-    PROVENANCE_NAME,
-    Deployment,
-    OutputTensor,
-    Override,
-    Plan,
-    Planner,
-)
+from ascendconv.ascendv1 import DEFAULT_MAX_SHARD_SIZE, DESCRIPTION_NAME, INDEX_NAME, PROVENANCE_NAME
+from ascendconv.plan import Deployment, OutputTensor, Override, Plan, Planner
 from ascendconv.resume import (
     LEDGER_NAME,
     Ledger,

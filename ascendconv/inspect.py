@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ascendconv.convert import planner_for
 from ascendconv.errors import PackageError, UnrecognizedCheckpointError, shown
-from ascendconv.formats.constants import FLOAT, W8A8_MXFP8
+from ascendconv.formats.constants import FLOAT, GROUP_SIZE, W8A8_MXFP8
 from ascendconv.gcpause import gc_paused
 from ascendconv.io.files import file_size
 from ascendconv.io.hfcache import resolve_source
@@ -36,8 +36,9 @@ from ascendconv.io.source import (
     merge_headers,
 )
 from ascendconv.models import ModelRules, expert_count, model_type_of, rules_for
-from ascendconv.plan import DESCRIPTION_NAME, RANK, SCHEMES, Deployment, Plan, module_pattern
-from ascendconv.plan import INDEX_NAME as PACKAGE_INDEX_NAME
+from ascendconv.ascendv1 import DESCRIPTION_NAME, RANK
+from ascendconv.plan import SCHEMES, Deployment, Plan, module_pattern
+from ascendconv.ascendv1 import INDEX_NAME as PACKAGE_INDEX_NAME
 
 SCHEMA_VERSION = 1
 
@@ -596,8 +597,8 @@ def _inspect_package(root: Path, glob: str | None) -> InspectReport:
     unknown = sorted(present - set(RANK))
     if unknown:
         problems.append(f"description uses unknown type(s) {', '.join(map(shown, unknown))}")
-    if package.fields.get("group_size", 32) != 32:
-        problems.append(f"group_size is {shown(package.fields.get('group_size'))}, expected 32")
+    if package.fields.get("group_size", GROUP_SIZE) != GROUP_SIZE:
+        problems.append(f"group_size is {shown(package.fields.get('group_size'))}, expected {GROUP_SIZE}")
     tensor_bytes = sum(e.nbytes for e in package.tensors.values())
     if package.index is not None:
         metadata = package.index.get("metadata")

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from ascendconv.errors import BadOptionError
 from ascendconv.io.checksum import CHECKSUM
-from ascendconv.plan import PART_MANIFEST_NAME, Plan
+from ascendconv.ascendv1 import PART_MANIFEST_NAME
+from ascendconv.plan import Plan
 from ascendconv.resume import fingerprint, sha256_hex, write_json_atomic
 
 PART_FORMAT = "ascendconv-part/1"

@@ -11,26 +11,25 @@ import functools
 import re
 from dataclasses import dataclass, field
 
+from ascendconv.ascendv1 import (
+    DEFAULT_MAX_SHARD_SIZE,
+    QUANT_TYPES,
+    RANK,
+    SHARD_NAME,
+    SINGLE_SHARD_NAME,
+    description_document,
+    written_by_package,
+)
 from ascendconv.errors import BadOptionError
 from ascendconv.gcpause import gc_paused
-from ascendconv.formats.constants import FLOAT, GROUP_SIZE, W4A8_MXFP, W8A8_MXFP8
+from ascendconv.formats.constants import FLOAT, W4A8_MXFP, W8A8_MXFP8
 from ascendconv.io.safetensors import TensorEntry, TensorSpec
 from ascendconv.io.source import Fp8Linear
 from ascendconv.models import ModelRules, rules_for, tp_role
 
 SCHEMES = ("w8a8-mxfp8", "w4a8-mxfp", "w4a8-mxfp-moe")
 SCHEME_REASONS = {scheme: f"scheme {scheme}" for scheme in SCHEMES}
-QUANT_TYPES = (FLOAT, W8A8_MXFP8, W4A8_MXFP)
-RANK = {t: i for i, t in enumerate(QUANT_TYPES)}  # msModelSlim's priority order, lowest first
 RESOLVE_DTYPES = ("bf16", "fp32")
-
-SHARD_NAME = "quant_model_weights-{:05d}-of-{:05d}.safetensors"
-SINGLE_SHARD_NAME = "quant_model_weights.safetensors"
-INDEX_NAME = "quant_model_weights.safetensors.index.json"
-DESCRIPTION_NAME = "quant_model_description.json"
-PROVENANCE_NAME = "ascendconv_provenance.json"
-PART_MANIFEST_NAME = "ascendconv_part.json"  # in a part directory (convert --part), see parts.py
-DEFAULT_MAX_SHARD_SIZE = 4 * 1024**3  # msModelSlim's part_file_size
 
 # Files of the source directory never carried into the package: weights in any format, and the
 # source's own index. vLLM loads every *.safetensors in the directory.
@@ -116,28 +115,9 @@ def requested_type(
     return wanted, why
 
 
-def alignment_multiple(quant_type: str, routed: bool) -> int:
-    """What K (or K/T under tensor parallelism) must be a multiple of for `quant_type`.
-
-    W8A8_MXFP8 needs whole scale groups (32); the linear loader pads an odd group count, but MoE
-    experts and W4A8_MXFP pair scale groups without padding (64). FLOAT has no rule.
-    """
-    if quant_type == W4A8_MXFP or (quant_type == W8A8_MXFP8 and routed):
-        return 2 * GROUP_SIZE
-    if quant_type == W8A8_MXFP8:
-        return GROUP_SIZE
-    return 1
-
-
 def alignment_problem(quant_type: str, k: int, routed: bool, k_label: str | None = None) -> str | None:
     """Why a weight with reduction size K (per rank) cannot take `quant_type`, or None if it can."""
-    multiple = alignment_multiple(quant_type, routed)
-    if k % multiple == 0:
-        return None
-    why = "W4A8_MXFP pairs scale groups" if quant_type == W4A8_MXFP else "MoE experts pair scale groups"
-    return f"{k_label or f'K={k}'} is not a multiple of {multiple}" + (
-        f" ({why})" if multiple == 2 * GROUP_SIZE else ""
-    )
+    return QUANT_TYPES[quant_type].k_problem(k, routed, k_label)
 
 
 def rank_k(prefix: str, k: int, routed: bool, deployment: Deployment) -> tuple[int | None, str]:
@@ -345,7 +325,7 @@ class Plan:
 
     def type_counts(self) -> dict[str, int]:
         """Source linears per written type (how many modules became what)."""
-        counts = {t: 0 for t in QUANT_TYPES}
+        counts = dict.fromkeys(QUANT_TYPES, 0)
         for decision in self.decisions.values():
             counts[decision.written] += 1
         return counts
@@ -360,21 +340,13 @@ class Plan:
 
     def tensor_counts(self) -> dict[str, int]:
         """Package tensors per description label."""
-        counts = {t: 0 for t in QUANT_TYPES}
+        counts = dict.fromkeys(QUANT_TYPES, 0)
         for tensor in self.tensors:
             counts[tensor.quant_type] += 1
         return counts
 
     def description(self) -> dict:
-        entries = {t.name: t.quant_type for t in sorted(self.tensors, key=lambda t: t.name)}
-        return {
-            **entries,
-            "version": "1.0.0",
-            "model_quant_type": self.model_quant_type,
-            "metadata": {},
-            "group_size": GROUP_SIZE,
-            "optional": {},
-        }
+        return description_document({t.name: t.quant_type for t in self.tensors}, self.model_quant_type)
 
     def index(self) -> dict | None:
         if self.max_shard_size == 0:
@@ -440,12 +412,11 @@ def output_tensors(
         if written == FLOAT:
             add(OutputTensor(name, "BF16", (n, k), FLOAT, "resolve", name, 2 * n * k))
             continue
-        if written == W8A8_MXFP8:
-            add(OutputTensor(name, "F8_E4M3", (n, k), written, "mx_weight", name, n * k))
-        else:
-            add(OutputTensor(name, "U8", (n, k // 2), written, "mx_weight", name, n * (k // 2)))
-        groups = k // GROUP_SIZE
-        add(OutputTensor(prefix + ".weight_scale", "U8", (n, groups), written, "mx_scale", name, n * groups))
+        quant = QUANT_TYPES[written]
+        shape = quant.weight_shape(n, k)
+        add(OutputTensor(name, quant.weight_dtype, shape, written, "mx_weight", name, shape[0] * shape[1]))
+        scale = quant.scale_shape(n, k)
+        add(OutputTensor(prefix + ".weight_scale", "U8", scale, written, "mx_scale", name, scale[0] * scale[1]))
     return out
 
 
@@ -475,11 +446,6 @@ def assign_shards(tensors: list[OutputTensor], max_shard_size: int) -> tuple[lis
             tensor.shard = number
         shards.append(ShardPlan(SHARD_NAME.format(number + 1, total), members))
     return tensors, shards
-
-
-def written_by_package(name: str) -> bool:
-    """A name the package writes itself: a source file of that name would overwrite or shadow it."""
-    return name in (DESCRIPTION_NAME, INDEX_NAME, PROVENANCE_NAME, PART_MANIFEST_NAME) or name.startswith("quant_model_weights")
 
 
 def files_to_copy(names: list[str]) -> tuple[list[str], dict[str, str]]:

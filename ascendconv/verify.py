@@ -48,15 +48,18 @@ from ascendconv.io.files import file_size
 from ascendconv.io.package import Package
 from ascendconv.io.rules import moe_coverage_problems, moe_layers
 from ascendconv.io.safetensors import NUMPY_DTYPES, SafetensorsHeader, TensorEntry, TensorReader, nonfinite_count
-from ascendconv.plan import (
+from ascendconv.ascendv1 import (
     DESCRIPTION_NAME,
     INDEX_NAME,
     PROVENANCE_NAME,
     QUANT_TYPES,
     RANK,
-    RESOLVE_DTYPES,
     SHARD_NAME,
     SINGLE_SHARD_NAME,
+    quant_type_named,
+)
+from ascendconv.plan import (
+    RESOLVE_DTYPES,
     Deployment,
     alignment_problem,
     is_routed_expert,
@@ -459,7 +462,7 @@ def check_description(lay: _Layout) -> Check:
             problems.append(f"{DESCRIPTION_NAME}: {key} is {shown(fields[key])}, expected an object")
     labels = []
     for name, label in sorted(lay.description.items()):
-        if label not in QUANT_TYPES:
+        if quant_type_named(label) is None:
             problems.append(f"{shown(name)} has type {shown(label)}; known types: {', '.join(QUANT_TYPES)}")
             continue
         labels.append(label)

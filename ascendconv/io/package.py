@@ -12,9 +12,8 @@ from pathlib import Path
 
 from ascendconv.errors import HeaderError, NotFoundError, PackageError, shown
 from ascendconv.io.files import file_size, read_json_object
-from ascendconv.io.rules import DESCRIPTION_FIELDS
 from ascendconv.io.safetensors import SafetensorsHeader, TensorEntry, read_header
-from ascendconv.plan import DESCRIPTION_NAME, INDEX_NAME, PROVENANCE_NAME
+from ascendconv.ascendv1 import DESCRIPTION_NAME, INDEX_NAME, PROVENANCE_NAME, split_description
 
 
 def is_package(path: Path) -> bool:
@@ -58,8 +57,7 @@ class Package:
         if not is_package(root):
             raise PackageError(f"{root}: no {DESCRIPTION_NAME}; this is not an AscendV1 package")
         raw = _load_json(root / DESCRIPTION_NAME)
-        fields = {k: raw[k] for k in DESCRIPTION_FIELDS if k in raw}
-        description = {k: v for k, v in raw.items() if k not in DESCRIPTION_FIELDS}
+        description, fields = split_description(raw)
         index = _load_json(root / INDEX_NAME) if (root / INDEX_NAME).is_file() else None
         if index is not None:
             _check_index(root / INDEX_NAME, index)

@@ -11,13 +11,13 @@ import re
 from pathlib import Path
 from typing import Iterable
 
+from ascendconv.ascendv1 import DESCRIPTION_FIELDS
 from ascendconv.errors import IncompleteMoEError, UnrecognizedCheckpointError, UnsupportedTensorError, clip, shown
 from ascendconv.io.safetensors import TensorEntry
 from ascendconv.models import GATE_UP_DOWN, expert_count, rules_for
 
 # Keys of quant_model_description.json besides the tensor names: a tensor of one of these names
 # would be overwritten by (or taken for) the field.
-DESCRIPTION_FIELDS = ("version", "model_quant_type", "metadata", "group_size", "optional")
 MX_SCALE_SUFFIX = ".weight_scale"  # the name the package gives an MX layer's E8M0 scales
 FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
 FP8_DTYPES = ("F8_E4M3", "F8_E5M2", "F8_E8M0")

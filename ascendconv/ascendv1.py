@@ -1,0 +1,116 @@
+"""The AscendV1 package format as code (contract section 3): what every other module builds from.
+
+File names and layout, the description's schema and version, and one table of quant types from which
+a package tensor's dtype and shape, its scale's shape and its K rule are computed instead of being
+worked out again in branches. `plan` writes by it, `io/package` reads by it, `inspect` and `verify`
+check by it. Pure: no I/O, no numpy.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ascendconv.formats.constants import FLOAT, GROUP_SIZE, W4A8_MXFP, W8A8_MXFP8
+
+# --- files ---------------------------------------------------------------------------------------
+
+SHARD_NAME = "quant_model_weights-{:05d}-of-{:05d}.safetensors"
+SHARD_PATTERN = re.compile(r"^quant_model_weights-(\d{5})-of-(\d{5})\.safetensors$")
+SINGLE_SHARD_NAME = "quant_model_weights.safetensors"  # --max-shard-size 0: one file, no index
+INDEX_NAME = "quant_model_weights.safetensors.index.json"
+DESCRIPTION_NAME = "quant_model_description.json"
+PROVENANCE_NAME = "ascendconv_provenance.json"  # ours; loaders ignore it
+PART_MANIFEST_NAME = "ascendconv_part.json"  # in a part directory (convert --part), not in a package
+DEFAULT_MAX_SHARD_SIZE = 4 * 1024**3  # msModelSlim's part_file_size
+
+
+def is_shard_name(name: str) -> bool:
+    return name == SINGLE_SHARD_NAME or SHARD_PATTERN.match(name) is not None
+
+
+def written_by_package(name: str) -> bool:
+    """A name the package writes itself: a source file of that name would overwrite or shadow it."""
+    return name in (DESCRIPTION_NAME, INDEX_NAME, PROVENANCE_NAME, PART_MANIFEST_NAME) or name.startswith(
+        "quant_model_weights"
+    )
+
+
+# --- the description -----------------------------------------------------------------------------
+
+DESCRIPTION_VERSION = "1.0.0"
+# The keys beside the tensor entries; a tensor may never bear one of these names.
+DESCRIPTION_FIELDS = ("version", "model_quant_type", "metadata", "group_size", "optional")
+
+
+def description_document(entries: dict[str, str], model_quant_type: str) -> dict:
+    """quant_model_description.json: one "tensor": "TYPE" per tensor (sorted), then the fields."""
+    return {
+        **dict(sorted(entries.items())),
+        "version": DESCRIPTION_VERSION,
+        "model_quant_type": model_quant_type,
+        "metadata": {},
+        "group_size": GROUP_SIZE,
+        "optional": {},
+    }
+
+
+def split_description(raw: dict) -> tuple[dict, dict]:
+    """A description read back: (tensor name -> TYPE, the fields present)."""
+    fields = {k: raw[k] for k in DESCRIPTION_FIELDS if k in raw}
+    return {k: v for k, v in raw.items() if k not in DESCRIPTION_FIELDS}, fields
+
+
+# --- the quant types -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QuantType:
+    """One TYPE of the description and what a weight [N, K] of that type is in the package.
+
+    weight_dtype: the payload's safetensors dtype (None: FLOAT keeps the source's dtype, or BF16 for
+    a resolved FP8 weight); k_per_byte: payload elements per stored byte along K (2 for packed E2M1);
+    scaled: whether `P.weight_scale` (U8, E8M0, one byte per 32 values along K) comes with it;
+    linear_k / routed_k: what K (per rank) must be a multiple of, for a linear and for a routed expert.
+    """
+
+    name: str
+    rank: int  # msModelSlim's priority order: model_quant_type is the highest present
+    weight_dtype: str | None
+    k_per_byte: int
+    scaled: bool
+    linear_k: int
+    routed_k: int
+    why_paired: str = ""  # why the rule is 2 groups, in words
+
+    def weight_shape(self, n: int, k: int) -> tuple[int, int]:
+        return (n, k // self.k_per_byte)
+
+    def scale_shape(self, n: int, k: int) -> tuple[int, int] | None:
+        return (n, -(-k // GROUP_SIZE)) if self.scaled else None
+
+    def k_multiple(self, routed: bool) -> int:
+        return self.routed_k if routed else self.linear_k
+
+    def k_problem(self, k: int, routed: bool, k_label: str | None = None) -> str | None:
+        """Why a weight with reduction size K (per rank) cannot take this type, or None if it can."""
+        multiple = self.k_multiple(routed)
+        if k % multiple == 0:
+            return None
+        why = self.why_paired if multiple == self.linear_k else "MoE experts pair scale groups"
+        return f"{k_label or f'K={k}'} is not a multiple of {multiple}" + (f" ({why})" if multiple == 2 * GROUP_SIZE else "")
+
+
+QUANT_TYPES: dict[str, QuantType] = {
+    FLOAT: QuantType(FLOAT, 0, None, 1, False, 1, 1),
+    # The linear loader pads an odd scale-group count, but MoE experts pair groups without padding.
+    W8A8_MXFP8: QuantType(W8A8_MXFP8, 1, "F8_E4M3", 1, True, GROUP_SIZE, 2 * GROUP_SIZE),
+    W4A8_MXFP: QuantType(W4A8_MXFP, 2, "U8", 2, True, 2 * GROUP_SIZE, 2 * GROUP_SIZE, "W4A8_MXFP pairs scale groups"),
+}
+RANK = {name: t.rank for name, t in QUANT_TYPES.items()}
+
+
+def quant_type_named(label: object) -> QuantType | None:
+    """The table entry a description label names, or None: an unknown type, or no string at all
+    (a description is read from a file anyone may have written)."""
+    return QUANT_TYPES.get(label) if isinstance(label, str) else None
