@@ -13,7 +13,7 @@ from pathlib import Path
 from ascendconv.errors import HeaderError, NotFoundError, PackageError, shown
 from ascendconv.io.files import file_size, read_json_object
 from ascendconv.io.safetensors import SafetensorsHeader, TensorEntry, read_header
-from ascendconv.ascendv1 import DESCRIPTION_NAME, INDEX_NAME, PROVENANCE_NAME, split_description
+from ascendconv.ascendv1 import DESCRIPTION_NAME, INDEX_NAME, PROVENANCE_NAME, SINGLE_SHARD_NAME, split_description
 
 
 def is_package(path: Path) -> bool:
@@ -38,16 +38,23 @@ def _check_index(path: Path, index: dict) -> None:
 
 @dataclass
 class Package:
+    """One lenient reading of a package, shared by `inspect` and `verify` so that they always see the
+    same thing: the shards the package is made of (`expected`: named by the index, or the single
+    weight file) are read; a `*.safetensors` beside them is a stray (named, never read as part of the
+    package, although vLLM would load it); an expected shard that is absent is missing."""
+
     root: Path
     description: dict[str, str]  # tensor name -> TYPE
     fields: dict[str, object]  # version, model_quant_type, group_size, ...
     index: dict | None
-    headers: dict[str, SafetensorsHeader]  # shard file -> header, for readable shards
-    broken_shards: dict[str, str]  # shard file -> why its header could not be read
+    headers: dict[str, SafetensorsHeader]  # expected shard file -> header, for readable shards
+    broken_shards: dict[str, str]  # expected shard file -> why its header could not be read
     tensors: dict[str, TensorEntry]
     duplicates: list[tuple[str, str, str]] = field(default_factory=list)  # (tensor, file, other file)
     provenance: dict | None = None
     config: dict | None = None
+    expected: list[str] = field(default_factory=list)  # the shards the package is made of
+    present: list[str] = field(default_factory=list)  # every *.safetensors in the directory
 
     @classmethod
     def open(cls, path: str | Path) -> "Package":
@@ -64,11 +71,16 @@ class Package:
         provenance = _load_json(root / PROVENANCE_NAME) if (root / PROVENANCE_NAME).is_file() else None
         config = _load_json(root / "config.json") if (root / "config.json").is_file() else None
 
+        present = sorted(p.name for p in root.glob("*.safetensors"))
+        if index is not None:
+            expected = sorted(set(index["weight_map"].values()))
+        else:
+            expected = [SINGLE_SHARD_NAME]
         headers: dict[str, SafetensorsHeader] = {}
         broken: dict[str, str] = {}
         tensors: dict[str, TensorEntry] = {}
         duplicates = []
-        for shard in sorted(root.glob("*.safetensors")):
+        for shard in (root / name for name in expected if name in present):
             try:
                 header = read_header(shard)
             except HeaderError as exc:
@@ -80,7 +92,17 @@ class Package:
                     duplicates.append((name, shard.name, tensors[name].path.name))
                 else:
                     tensors[name] = entry
-        return cls(root, description, fields, index, headers, broken, tensors, duplicates, provenance, config)
+        return cls(
+            root, description, fields, index, headers, broken, tensors, duplicates, provenance, config, expected, present
+        )
+
+    @property
+    def missing(self) -> list[str]:
+        return [f for f in self.expected if f not in self.present]
+
+    @property
+    def strays(self) -> list[str]:
+        return [f for f in self.present if f not in self.expected]
 
     @property
     def shard_files(self) -> list[str]:
@@ -98,10 +120,15 @@ class Package:
 
     def disagreements(self) -> list[str]:
         """Where description, index and shard headers do not name the same tensors."""
-        problems = [f"{f}: {why}" for f, why in sorted(self.broken_shards.items())]
+        problems = [
+            f"stray file {f}: not part of the package, and vLLM loads every *.safetensors in the directory"
+            for f in self.strays
+        ]
+        problems += [f"shard {f} is missing" for f in self.missing]
+        problems += [f"{f}: {why}" for f, why in sorted(self.broken_shards.items())]
         problems += [f"tensor {shown(n)} is in both {a} and {b}" for n, a, b in self.duplicates]
         described, stored = set(self.description), set(self.tensors)
-        if not self.broken_shards:
+        if not self.broken_shards and not self.missing:
             problems += [f"{shown(n)} is described but in no shard" for n in sorted(described - stored)]
         problems += [f"{shown(n)} is in {self.tensors[n].path.name} but not described" for n in sorted(stored - described)]
         if self.index is not None:
@@ -110,7 +137,7 @@ class Package:
                 entry = self.tensors.get(name)
                 if entry is not None and entry.path.name != file:
                     problems.append(f"index maps {shown(name)} to {shown(file)} but it is in {entry.path.name}")
-                elif entry is None and not self.broken_shards:
+                elif entry is None and not self.broken_shards and not self.missing:
                     problems.append(f"index maps {shown(name)} to {shown(file)} but no shard holds it")
             problems += [f"{shown(n)} is in {self.tensors[n].path.name} but not in the index" for n in sorted(stored - set(weight_map))]
         return problems
