@@ -24,7 +24,7 @@ from ascendconv.io.outdir import StagedOutput, check_output, signals_interrupt
 from ascendconv.io.output import check_free_space, check_output_path, output_errors
 from ascendconv.io.source import SourceCheckpoint
 from ascendconv.ascendv1 import DESCRIPTION_NAME
-from ascendconv.plan import Plan
+from ascendconv.plan import OutputKind, Plan
 
 PROGRESS_EVERY = 0.25  # seconds between a task's progress reports
 
@@ -47,7 +47,7 @@ def import_ray():
 
 def source_bytes(source: SourceCheckpoint, plan: Plan) -> int:
     """The source bytes a whole conversion reads (what the progress bar counts)."""
-    return sum(source.tensors[t.source].nbytes for t in plan.tensors if t.kind != "mx_scale")
+    return sum(source.tensors[t.source].nbytes for t in plan.tensors if t.kind is not OutputKind.MX_SCALE)
 
 
 def part_count(ray, plan: Plan, options: RayOptions) -> int:

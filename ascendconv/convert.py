@@ -34,7 +34,7 @@ from ascendconv.io.safetensors import ShardWriter, TensorEntry, nonfinite_count
 from ascendconv.io.source import Fp8Linear, SourceCheckpoint, find_quantization_config
 from ascendconv.parts import PART_MANIFEST_NAME, part_shards, write_part_manifest
 from ascendconv.ascendv1 import DEFAULT_MAX_SHARD_SIZE, DESCRIPTION_NAME, INDEX_NAME, PROVENANCE_NAME
-from ascendconv.plan import Deployment, OutputTensor, Override, Plan, Planner
+from ascendconv.plan import Deployment, OutputKind, OutputTensor, Override, Plan, Planner
 from ascendconv.resume import (
     LEDGER_NAME,
     Ledger,
@@ -128,7 +128,7 @@ class Kernel:
         from ascendconv.kernels import compile_entry_points, entry_points_for
 
         kinds = {t.kind for t in plan.tensors}
-        compile_entry_points(entry_points_for("mx_weight" in kinds, "resolve" in kinds, block), notice)
+        compile_entry_points(entry_points_for(OutputKind.MX_WEIGHT in kinds, OutputKind.RESOLVE in kinds, block), notice)
 
 
 def planner_for(source: SourceCheckpoint, deployment: Deployment) -> Planner:
@@ -247,6 +247,23 @@ def resume_shards(
 # --- the streaming pipeline -------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class WriteTensor:
+    """Bytes of one tensor, the next in its shard's order."""
+
+    name: str
+    data: "np.ndarray"
+
+
+@dataclass(frozen=True, slots=True)
+class CollectScales:
+    """Scale rows of an MX weight: gathered until its last rows are done, then written at once."""
+
+    name: str
+    rows: "np.ndarray"
+    last: bool
+
+
 @dataclass
 class WorkItem:
     """A source byte range to read and what to make of it once read."""
@@ -254,7 +271,7 @@ class WorkItem:
     entry: TensorEntry
     start: int
     count: int
-    compute: Callable[[np.ndarray], list[tuple]]  # the bytes read (uint8) -> write operations
+    compute: Callable[["np.ndarray"], list[WriteTensor | CollectScales]]  # the bytes read (uint8) -> what to write
 
 
 class BufferPool:
@@ -356,8 +373,8 @@ def write_shards(
                 for pool in pools.values():
                     pool.give(given, data)
                     for op in ops:
-                        if op[0] == "write":
-                            pool.give(given, op[2])
+                        if isinstance(op, WriteTensor):
+                            pool.give(given, op.data)
         except BaseException as exc:
             writer_error.append(exc)
             while to_write.get() is not None:  # drain so the producer never blocks
@@ -444,19 +461,17 @@ class PackageShardWriter:
             if self.on_closed is not None:
                 self.on_closed(name, digest)
 
-    def apply(self, ops: list[tuple]) -> None:
+    def apply(self, ops: list[WriteTensor | CollectScales]) -> None:
         import numpy as np
 
         for op in ops:
-            if op[0] == "write":
-                _, name, data = op
-                self._writer_for(name).write(name, data)
-            else:  # ("collect", name, part, last): scale rows gathered until the weight is done
-                _, name, part, last = op
-                self.collected.setdefault(name, []).append(part)
-                if last:
-                    parts = self.collected.pop(name)
-                    self._writer_for(name).write(name, np.concatenate(parts) if len(parts) > 1 else parts[0])
+            if isinstance(op, WriteTensor):
+                self._writer_for(op.name).write(op.name, op.data)
+                continue
+            self.collected.setdefault(op.name, []).append(op.rows)
+            if op.last:
+                parts = self.collected.pop(op.name)
+                self._writer_for(op.name).write(op.name, np.concatenate(parts) if len(parts) > 1 else parts[0])
 
     def finish(self) -> dict[str, str]:
         # Shards holding only empty tensors got no write; open them too so numbering has no holes.
@@ -484,22 +499,22 @@ def work_items(
         entry = source.tensors[tensor.source]
         if wanted is not None and tensor.shard not in wanted:
             continue
-        if tensor.kind == "mx_scale":
+        if tensor.kind is OutputKind.MX_SCALE:
             continue  # produced with its weight
         if entry.nbytes == 0:
             continue
-        if tensor.kind == "copy":
+        if tensor.kind is OutputKind.COPY:
             step = COPY_CHUNK_BYTES
             for start in range(0, entry.nbytes, step):
                 yield WorkItem(entry, start, min(step, entry.nbytes - start), _copy_op(tensor.name))
-        elif tensor.kind == "bias_f32":
+        elif tensor.kind is OutputKind.BIAS_F32:
             yield WorkItem(entry, 0, entry.nbytes, _bias_op(tensor.name, entry.dtype))
         else:
             yield from _linear_items(source, plan, kernel, tensor, linears[tensor.source], chunk_elements, pools)
 
 
 def _copy_op(name: str):
-    return lambda data: [("write", name, data)]
+    return lambda data: [WriteTensor(name, data)]
 
 
 def _bias_op(name: str, dtype: str):
@@ -507,7 +522,7 @@ def _bias_op(name: str, dtype: str):
 
     from ascendconv.io.safetensors import NUMPY_DTYPES
 
-    return lambda data: [("write", name, np.frombuffer(data, NUMPY_DTYPES[dtype]).astype(np.float32))]
+    return lambda data: [WriteTensor(name, np.frombuffer(data, NUMPY_DTYPES[dtype]).astype(np.float32))]
 
 
 def _linear_items(
@@ -527,7 +542,7 @@ def _linear_items(
     rows_per_chunk = max(1, chunk_elements // max(k, 1))
     fmt = E2M1 if tensor.quant_type == W4A8_MXFP else E4M3
     # output bytes per row: BF16 (resolve), E4M3 codes or packed E2M1
-    out_row_bytes = 2 * k if tensor.kind == "resolve" else k if fmt is E4M3 else k // 2
+    out_row_bytes = 2 * k if tensor.kind is OutputKind.RESOLVE else k if fmt is E4M3 else k // 2
     scale_name = linear.prefix + ".weight_scale"
 
     def check_nan(codes: np.ndarray, row_start: int) -> None:
@@ -545,11 +560,11 @@ def _linear_items(
             codes = np.frombuffer(data, np.uint8).reshape(rows, k)
             # the numba kernels write into recycled buffers (`out`); the reference allocates
             out = {} if pools is None or kernel.name != "numba" else {"out": pools["out"].take(rows * out_row_bytes)}
-            if tensor.kind == "resolve":
+            if tensor.kind is OutputKind.RESOLVE:
                 check_nan(codes, row_start)
                 if out:
                     out["out"] = out["out"].view(np.uint16).reshape(rows, k)
-                return [("write", tensor.name, kernel.resolve_rows_bf16(codes, scale, block, row_start, **out))]
+                return [WriteTensor(tensor.name, kernel.resolve_rows_bf16(codes, scale, block, row_start, **out))]
             if out:
                 out["out"] = out["out"].reshape(rows, -1)
             try:
@@ -565,7 +580,7 @@ def _linear_items(
                     f"{linear.weight.path.name}: {linear.weight.name!r} rows {row_start}..{row_start + rows - 1} "
                     f"resolve to NaN/Inf with their tile scales from {linear.scale.name!r} ({exc})"
                 ) from exc
-            return [("write", tensor.name, payload), ("collect", scale_name, scales, row_start + rows == n)]
+            return [WriteTensor(tensor.name, payload), CollectScales(scale_name, scales, row_start + rows == n)]
 
         yield WorkItem(linear.weight, row_start * k, rows * k, compute)
 
@@ -604,12 +619,12 @@ def nonfinite_copies(source: SourceCheckpoint, plan: Plan) -> dict[str, int]:
     counts = {}
     for tensor in plan.tensors:
         entry = source.tensors[tensor.source]
-        if tensor.kind not in ("copy", "bias_f32") or entry.nbytes == 0:
+        if tensor.kind not in (OutputKind.COPY, OutputKind.BIAS_F32) or entry.nbytes == 0:
             continue
         count = 0
         for start in range(0, entry.nbytes, COPY_CHUNK_BYTES):
             data = source.reader.map_range(entry, start, min(COPY_CHUNK_BYTES, entry.nbytes - start))
-            if tensor.kind == "bias_f32":  # counted as written: a cast to F32 can overflow to Inf
+            if tensor.kind is OutputKind.BIAS_F32:  # counted as written: a cast to F32 can overflow to Inf
                 data = np.frombuffer(data, NUMPY_DTYPES[entry.dtype]).astype(np.float32)
             count += nonfinite_count(data, tensor.dtype)
         if count:

@@ -10,6 +10,7 @@ import fnmatch
 import functools
 import re
 from dataclasses import dataclass, field
+from enum import Enum
 
 from ascendconv.ascendv1 import (
     DEFAULT_MAX_SHARD_SIZE,
@@ -245,20 +246,26 @@ def decide_modules(
     return decisions
 
 
+class OutputKind(str, Enum):
+    """How a package tensor is made from its source tensor."""
+
+    COPY = "copy"  # bytes as they are
+    RESOLVE = "resolve"  # FP8 -> BF16 (a FLOAT module)
+    MX_WEIGHT = "mx_weight"  # the payload half of an MX linear
+    MX_SCALE = "mx_scale"  # the E8M0 half, made with its weight
+    BIAS_F32 = "bias_f32"  # an MX layer's bias, cast to float32
+
+
 @dataclass(slots=True)
 class OutputTensor:
-    """One tensor of the package and how it is made from the source.
-
-    kind: "copy" (bytes as they are), "resolve" (FP8 -> BF16 FLOAT), "mx_weight" / "mx_scale" (the
-    two halves of an MX linear), "bias_f32" (an MX layer's bias, cast to float32). `shard` is set
-    when the plan places it; `nbytes` is stored (a full-scale plan sums it many times).
-    """
+    """One tensor of the package and how it is made from the source. `shard` is set when the plan
+    places it; `nbytes` is stored (a full-scale plan sums it many times)."""
 
     name: str
     dtype: str
     shape: tuple[int, ...]
     quant_type: str
-    kind: str
+    kind: OutputKind
     source: str
     nbytes: int
     shard: int = 0
@@ -403,20 +410,20 @@ def output_tensors(
     for name, entry, prefix, bias_of in layout if layout is not None else source_layout(tensors, linears):
         if prefix is None:
             if bias_of is not None and decisions[bias_of].written != FLOAT:
-                add(OutputTensor(name, "F32", entry.shape, FLOAT, "bias_f32", name, 4 * entry.numel))
+                add(OutputTensor(name, "F32", entry.shape, FLOAT, OutputKind.BIAS_F32, name, 4 * entry.numel))
             else:
-                add(OutputTensor(name, entry.dtype, entry.shape, FLOAT, "copy", name, entry.nbytes))
+                add(OutputTensor(name, entry.dtype, entry.shape, FLOAT, OutputKind.COPY, name, entry.nbytes))
             continue
         written = decisions[prefix].written
         n, k = entry.shape
         if written == FLOAT:
-            add(OutputTensor(name, "BF16", (n, k), FLOAT, "resolve", name, 2 * n * k))
+            add(OutputTensor(name, "BF16", (n, k), FLOAT, OutputKind.RESOLVE, name, 2 * n * k))
             continue
         quant = QUANT_TYPES[written]
         shape = quant.weight_shape(n, k)
-        add(OutputTensor(name, quant.weight_dtype, shape, written, "mx_weight", name, shape[0] * shape[1]))
+        add(OutputTensor(name, quant.weight_dtype, shape, written, OutputKind.MX_WEIGHT, name, shape[0] * shape[1]))
         scale = quant.scale_shape(n, k)
-        add(OutputTensor(prefix + ".weight_scale", "U8", scale, written, "mx_scale", name, scale[0] * scale[1]))
+        add(OutputTensor(prefix + ".weight_scale", "U8", scale, written, OutputKind.MX_SCALE, name, scale[0] * scale[1]))
     return out
 
 
@@ -431,7 +438,7 @@ def assign_shards(tensors: list[OutputTensor], max_shard_size: int) -> tuple[lis
     size = 0
     i, count = 0, len(tensors)
     while i < count:
-        step = 2 if tensors[i].kind == "mx_weight" else 1  # the weight and its scale
+        step = 2 if tensors[i].kind is OutputKind.MX_WEIGHT else 1  # the weight and its scale
         unit_size = tensors[i].nbytes + (tensors[i + 1].nbytes if step == 2 else 0)
         if bins[-1] and size + unit_size > max_shard_size:
             bins.append([])
