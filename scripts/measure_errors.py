@@ -3,7 +3,7 @@
 Converts each fixture under each scheme and rule into a temporary directory, runs
 `verify --source` on the result, and prints a markdown table of the relative L2 error of the
 quantized weights against the BF16-resolved source, per written type (mean over tensors, and the
-worst tensor). The README's table is this script's output:
+worst tensor). The README's table is this script's output. It exits 1 when a package fails verify:
 
     python scripts/measure_errors.py [--fixtures DIR] [--json]
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 
@@ -49,7 +50,12 @@ def main() -> None:
         rows = [measure(f, s, r, Path(tmp)) for f in fixtures for s in SCHEMES for r in SCALE_RULES]
     if args.json:
         print(json.dumps(rows, indent=2))
-        return
+    else:
+        print_table(rows)
+    sys.exit(0 if all(row["ok"] for row in rows) else 1)  # a FAIL printed is a failed run
+
+
+def print_table(rows: list[dict]) -> None:
     print("| fixture | scheme | rule | W8A8_MXFP8 rel. L2 | W4A8_MXFP rel. L2 | verify |")
     print("|---|---|---|---|---|---|")
     for row in rows:
