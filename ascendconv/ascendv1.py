@@ -114,3 +114,92 @@ def quant_type_named(label: object) -> QuantType | None:
     """The table entry a description label names, or None: an unknown type, or no string at all
     (a description is read from a file anyone may have written)."""
     return QUANT_TYPES.get(label) if isinstance(label, str) else None
+
+
+# --- provenance ------------------------------------------------------------------------------------
+
+LEGACY_CHECKSUM = "sha256"  # what packages written before the "checksum" field recorded
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """ascendconv_provenance.json as read back: every field typed, None where the file does not hold
+    a value of the right type (it is a file anyone may have edited; `verify` says what is wrong).
+
+    Written by `convert` (tool, version, source, scheme, scale_rule, resolve_dtype, kernel,
+    fallbacks, source_nonfinite, checksum, shards)."""
+
+    raw: dict
+
+    @property
+    def tool(self) -> str | None:
+        return _text(self.raw.get("tool"))
+
+    @property
+    def version(self) -> str | None:
+        return _text(self.raw.get("version"))
+
+    @property
+    def scheme(self) -> str | None:
+        return _text(self.raw.get("scheme"))
+
+    @property
+    def scale_rule(self) -> str | None:
+        return _text(self.raw.get("scale_rule"))
+
+    @property
+    def resolve_dtype(self) -> str | None:
+        return _text(self.raw.get("resolve_dtype"))
+
+    @property
+    def kernel(self) -> str | None:
+        return _text(self.raw.get("kernel"))
+
+    @property
+    def source(self) -> dict:
+        source = self.raw.get("source")
+        return source if isinstance(source, dict) else {}
+
+    @property
+    def source_name(self) -> str | None:
+        return _text(self.source.get("name"))
+
+    @property
+    def source_files(self) -> list | None:
+        files = self.source.get("files")
+        return files if isinstance(files, list) else None
+
+    @property
+    def fallbacks(self) -> list | None:
+        fallbacks = self.raw.get("fallbacks", [])
+        return fallbacks if isinstance(fallbacks, list) else None
+
+    @property
+    def checksum(self) -> object:
+        """The checksum algorithm's name as recorded (possibly not a string: verify reports it)."""
+        return self.raw.get("checksum", LEGACY_CHECKSUM)
+
+    @property
+    def shards(self) -> dict | None:
+        shards = self.raw.get("shards")
+        return shards if isinstance(shards, dict) else None
+
+    def digest(self, shard: str) -> str | None:
+        """The hex digest recorded for `shard` under the recorded algorithm, or None."""
+        entry = (self.shards or {}).get(shard)
+        algorithm = self.checksum
+        if not isinstance(entry, dict) or not isinstance(algorithm, str):
+            return None
+        return _text(entry.get(algorithm))
+
+    @property
+    def source_nonfinite(self) -> dict[str, int]:
+        """FLOAT tensor -> NaN / Inf values convert carried from the source (valid entries only)."""
+        recorded = self.raw.get("source_nonfinite")
+        if not isinstance(recorded, dict):
+            return {}
+        return {k: v for k, v in recorded.items() if isinstance(v, int) and not isinstance(v, bool) and v > 0}

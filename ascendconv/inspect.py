@@ -36,7 +36,7 @@ from ascendconv.io.source import (
     merge_headers,
 )
 from ascendconv.models import ModelRules, expert_count, model_type_of, rules_for
-from ascendconv.ascendv1 import DESCRIPTION_NAME, RANK
+from ascendconv.ascendv1 import DESCRIPTION_NAME, RANK, Provenance
 from ascendconv.plan import SCHEMES, Deployment, Plan, module_pattern
 from ascendconv.ascendv1 import INDEX_NAME as PACKAGE_INDEX_NAME
 
@@ -608,8 +608,7 @@ def _inspect_package(root: Path, glob: str | None) -> InspectReport:
     if package.config is not None and find_quantization_config(package.config)[0] is not None:
         problems.append("config.json still has a quantization_config; vLLM would not use the AscendV1 path")
 
-    provenance = package.provenance or {}
-    source = provenance.get("source") if isinstance(provenance.get("source"), dict) else {}
+    provenance = Provenance(package.provenance or {})
     by_dtype, by_type = _tally(package.tensors, quant_type_of)
     rules = rules_for(package.config)
     structure = _structure(package.tensors, rules)
@@ -630,13 +629,13 @@ def _inspect_package(root: Path, glob: str | None) -> InspectReport:
             "provenance": None
             if package.provenance is None
             else {
-                "tool": provenance.get("tool"),
-                "version": provenance.get("version"),
-                "source": source.get("name"),
-                "scheme": provenance.get("scheme"),
-                "scale_rule": provenance.get("scale_rule"),
-                "resolve_dtype": provenance.get("resolve_dtype"),
-                "fallbacks": len(fallbacks) if isinstance(fallbacks := provenance.get("fallbacks"), list) else None,
+                "tool": provenance.tool,
+                "version": provenance.version,
+                "source": provenance.source_name,
+                "scheme": provenance.scheme,
+                "scale_rule": provenance.scale_rule,
+                "resolve_dtype": provenance.resolve_dtype,
+                "fallbacks": None if provenance.fallbacks is None else len(provenance.fallbacks),
             },
         },
         shards=shards,

@@ -35,14 +35,13 @@ def new_hasher(algorithm: str = CHECKSUM):
 def recorded_checksum(provenance: dict, shard: str) -> tuple[str, str] | None:
     """(algorithm, hex digest) recorded for `shard`, or None. The algorithm is provenance's
     "checksum" field; packages written before it existed recorded {"sha256": hex} per shard."""
-    entry = (provenance.get("shards") or {}).get(shard) if isinstance(provenance.get("shards"), dict) else None
-    if not isinstance(entry, dict):
+    from ascendconv.ascendv1 import Provenance
+
+    record = Provenance(provenance)
+    digest = record.digest(shard)
+    if digest is None or record.checksum not in ALGORITHMS:
         return None
-    algorithm = provenance.get("checksum", "sha256")
-    digest = entry.get(algorithm)
-    if algorithm not in ALGORITHMS or not isinstance(digest, str):
-        return None
-    return algorithm, digest
+    return record.checksum, digest
 
 
 def file_digest(path: str | os.PathLike, algorithm: str, window: int = 64 * 2**20) -> str:
