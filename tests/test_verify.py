@@ -24,6 +24,7 @@ from ascendconv.io.safetensors import TensorReader, read_header
 from ascendconv.io.source import SourceCheckpoint
 from ascendconv.errors import NpuUnavailableError
 from ascendconv.verify import VerifyOptions, verify
+from ascendconv.verify import accuracy as verify_accuracy, integrity as verify_integrity, moe as verify_moe
 from conftest import FIXTURE_NAMES, FIXTURES, SCHEMES, file_digest, load_shard, save_shard
 
 runner = CliRunner()
@@ -122,7 +123,7 @@ def test_exact_full_and_fp32_resolve(converted, fixture, monkeypatch):
     assert report.ok, [(c.name, c.problems) for c in report.failed]
     assert "every row" in report.check("exact").detail
     # the kernel's sums of every row (--exact-full) and numpy's, sampling every row, agree
-    monkeypatch.setattr(v, "STATS_ELEMENTS", 2**40)
+    monkeypatch.setattr(verify_accuracy, "STATS_ELEMENTS", 2**40)
     default = {t.name: t for t in verify(pkg, VerifyOptions(source=FIXTURES / fixture)).tensors}
     for t in report.tensors:
         assert t.rel_err == pytest.approx(default[t.name].rel_err, rel=1e-9)
@@ -398,7 +399,7 @@ def test_a_shard_whose_checksum_matches_is_hashed_not_scanned(package, monkeypat
     the report says so; without a recorded checksum every tensor is scanned."""
     pkg = package()
     scanned = []
-    monkeypatch.setattr(v, "_scan_chunk", lambda lay, entry, *args: scanned.append(entry.name))
+    monkeypatch.setattr(verify_integrity, "_scan_chunk", lambda lay, entry, *args: scanned.append(entry.name))
     report = verify(pkg)
     assert report.ok and scanned == []
     assert "1 shard(s) not scanned: their checksums match" in report.check("scales").detail
@@ -726,7 +727,7 @@ def test_moe_check_matches_float64(converted, scheme):
     with TensorReader() as reader:
         for moe in report.moe:
             layer = moe.layer
-            x_codes, x_scales, counts = v._layer_inputs(layer, 128, 4, options)
+            x_codes, x_scales, counts = verify_moe._layer_inputs(layer, 128, 4, options)
             x = gmm_situ.dequantize_activations(x_codes, x_scales).astype(np.float64)
             starts = np.concatenate([[0], np.cumsum(counts)])
             y_src, y_pkg, o_src, o_pkg = [], [], [], []
@@ -825,3 +826,4 @@ def test_on_npu_compares_with_the_reference(converted, monkeypatch):
     report = verify(pkg, VerifyOptions(on_npu=True))
     assert failed(report) == {"npu"}
     assert "model.layers.0.mlp: NPU output differs from the CPU reference by rel. error" in problems(report, "npu")
+

@@ -1,0 +1,472 @@
+"""Checks against the source: the tensor set it implies (source), the error of every weight
+(accuracy) and the package bytes re-derived from it (exact)."""
+
+from __future__ import annotations
+
+import collections
+import math
+import os
+import threading
+import zlib
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+
+from ascendconv.ascendv1 import PROVENANCE_NAME
+from ascendconv.formats import requantize, resolve
+from ascendconv.formats.constants import E2M1, E4M3, FLOAT, GROUP_SIZE, SCALE_RULES, W4A8_MXFP, W8A8_MXFP8
+from ascendconv.formats.metrics import ErrorAccumulator, ErrorStats
+from ascendconv.io.safetensors import TensorEntry, TensorReader
+from ascendconv.plan import RESOLVE_DTYPES
+from ascendconv.verify.checks import STRUCTURAL_HINT, make_check
+from ascendconv.verify.layout import (
+    CHUNK_BYTES,
+    FLOAT_DTYPES,
+    MX_TYPES,
+    _Layout,
+    _Module,
+    _dequantize,
+    _mapped_rows,
+    _read_package_rows,
+    _row_chunks,
+)
+from ascendconv.verify.options import Notice, Progress, VerifyOptions
+from ascendconv.verify.report import Check, TensorReport
+
+
+STATS_ELEMENTS = 2**15  # elements per weight whose error --source measures (every row: --exact-full)
+
+
+def _sample_rows(n: int, count: int, seed: int, name: str) -> np.ndarray:
+    """Deterministic rows of a tensor: the first, the last, and random ones (all when few)."""
+    if count >= n:
+        return np.arange(n)
+    rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+    middle = rng.choice(np.arange(1, n - 1), size=max(0, count - 2), replace=False) if n > 2 else []
+    return np.unique(np.concatenate([[0, n - 1], middle]).astype(np.int64))
+
+
+def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
+    """a == b everywhere, compared 8 bytes at a time where the layout allows (8x fewer elements)."""
+    if a.shape != b.shape:
+        return False
+    if a.nbytes % 8 == 0 and a.flags.c_contiguous and b.flags.c_contiguous:
+        a, b = a.reshape(-1).view(np.uint64), b.reshape(-1).view(np.uint64)
+    return bool(np.array_equal(a, b))
+
+
+class _Differences:
+    """Bytes of one tensor that differ from the reference, counted over chunks; the first kept."""
+
+    def __init__(self, name: str, what: str):
+        self.name, self.what = name, what
+        self.count = 0
+        self.rows: set[int] = set()
+        self.first: tuple[int, int, int, int] | None = None  # row, byte, package, reference
+
+    def update(self, got: np.ndarray, want: np.ndarray, rows: np.ndarray) -> None:
+        """`got` and `want`: uint8 arrays with one row per entry of `rows`."""
+        if _same_bytes(got, want):
+            return
+        diff = got != want
+        where = np.argwhere(diff)
+        self.count += len(where)
+        self.rows.update(int(rows[r]) for r in np.unique(where[:, 0]))
+        if self.first is None:
+            at = tuple(where[0])
+            self.first = (int(rows[at[0]]), int(at[1]), int(got[at]), int(want[at]))
+
+    def message(self) -> str | None:
+        if self.first is None:
+            return None
+        row, byte, got, want = self.first
+        return (
+            f"{self.name!r} {self.what}: {self.count} byte(s) in {len(self.rows)} row(s) differ from the reference; "
+            f"first at row {row}, byte {byte}: package 0x{got:02X}, reference 0x{want:02X}"
+        )
+
+
+@dataclass
+class _SourceFindings:
+    source: list[str] = field(default_factory=list)
+    exact: list[str] = field(default_factory=list)
+    exact_rows: int = 0  # rows re-derived with the numpy reference (--exact)
+    rows: int = 0  # rows re-derived with the compiled kernels
+    rows_of: int = 0  # rows of the weights compared
+    tensors: list[TensorReport] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+    def add(self, compared: "_Compared") -> None:
+        self.source += compared.source
+        self.exact += compared.exact
+        self.exact_rows += compared.reference_rows
+        self.skipped += compared.skipped
+        if compared.report is not None:
+            self.tensors.append(compared.report)
+
+
+def _module_measurable(lay: _Layout, module: _Module, linear) -> str | None:
+    """Why a module cannot be compared with its source linear, or None."""
+    w = module.weight
+    if w is None:
+        return "not stored"
+    n, k = linear.shape
+    if module.label == FLOAT:
+        if w.dtype != "BF16" or w.shape != (n, k):
+            return f"FLOAT weight is {w.dtype} {list(w.shape)}, expected BF16 {[n, k]}"
+        return None
+    if module.label not in MX_TYPES:
+        return f"unknown type {module.label!r}"
+    want_dtype = "F8_E4M3" if module.label == W8A8_MXFP8 else "U8"
+    want_shape = (n, k) if module.label == W8A8_MXFP8 else (n, k // 2)
+    if w.dtype != want_dtype or w.shape != want_shape or (module.label == W4A8_MXFP and k % 2):
+        return f"{module.label} weight is {w.dtype} {list(w.shape)}, expected {want_dtype} {list(want_shape)}"
+    s = module.scale
+    if s is None or s.dtype != "U8" or s.shape != (n, math.ceil(k / GROUP_SIZE)) or k % GROUP_SIZE:
+        return "scale missing or misshapen"
+    return None
+
+
+def _compare_source(
+    lay: _Layout, source, options: VerifyOptions, progress: Progress | None, notice: Notice | None = None
+) -> _SourceFindings:
+    from ascendconv.convert import source_fingerprint
+
+    found = _SourceFindings()
+    prov = lay.pkg.provenance or {}
+    rule = prov.get("scale_rule") if prov.get("scale_rule") in SCALE_RULES else None
+    resolve_dtype = prov.get("resolve_dtype") if prov.get("resolve_dtype") in RESOLVE_DTYPES else "bf16"
+
+    # 1. is this the source the package was made from?
+    recorded = (prov.get("source") or {}).get("files") if isinstance(prov.get("source"), dict) else None
+    if isinstance(recorded, list):
+        have = {h.path.name: (h.file_size, source_fingerprint(h.header_bytes, h.file_size)) for h in source.headers}
+        want = {f.get("name"): (f.get("size"), f.get("fingerprint")) for f in recorded if isinstance(f, dict)}
+        if set(have) != set(want):
+            found.source.append(
+                f"the package was converted from shards {sorted(want)}, the source given has {sorted(have)}"
+            )
+        else:
+            for name in sorted(have):
+                if have[name] != want[name]:
+                    found.source.append(
+                        f"source shard {name} differs from the one converted (size {have[name][0]} vs recorded "
+                        f"{want[name][0]}, or another header)"
+                    )
+
+    # 2. the tensor set the source implies
+    by_weight = {linear.weight.name: linear for linear in source.linears.values()}
+    scale_names = source.scale_names
+    implied: set[str] = set()
+    for name in source.tensors:
+        if name in scale_names:
+            continue
+        implied.add(name)
+        linear = by_weight.get(name)
+        if linear is not None and lay.label(name) in MX_TYPES:
+            implied.add(linear.prefix + ".weight_scale")
+    for name in sorted(implied - set(lay.tensors)):
+        if lay.complete:
+            found.source.append(f"{name!r} comes from the source but is not in the package")
+    for name in sorted(set(lay.tensors) - implied):
+        found.source.append(f"package tensor {name!r} does not come from the source")
+
+    work = [e for n, e in source.tensors.items() if n not in scale_names and n in lay.tensors]
+    total = sum(e.nbytes for e in work)
+    derive = _Rederive(lay, source, options, rule, resolve_dtype, notice)
+
+    def compare(entry: TensorEntry) -> _Compared:
+        linear = by_weight.get(entry.name)
+        if linear is None:
+            return _Compared(source=[p for p in [_compare_plain(lay, reader, source, entry)] if p])
+        module = lay.modules.get(linear.prefix)
+        why = "not described" if module is None else _module_measurable(lay, module, linear)
+        if why is not None:
+            return _Compared(skipped=[f"{entry.name}: {why}"])
+        return derive.linear(reader, linear, module)
+
+    done = 0
+    with TensorReader() as reader:
+        # tensors in parallel (kernels, numpy and reads release the GIL), results taken in order
+        for entry, compared in _ordered_map(compare, work, os.cpu_count() or 1):
+            found.add(compared)
+            done += entry.nbytes
+            if progress:
+                progress("source", done, total)
+    found.rows, found.rows_of = derive.rows, derive.rows_of
+    return found
+
+
+def _ordered_map(function, items: list, workers: int) -> Iterator[tuple]:
+    """(item, function(item)) in the order of `items`, computed by `workers` threads with at most
+    2 x workers results in flight (memory stays bounded)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        pending: collections.deque = collections.deque()
+        for item in items:
+            pending.append((item, pool.submit(function, item)))
+            while len(pending) >= 2 * workers:
+                item_done, future = pending.popleft()
+                yield item_done, future.result()
+        while pending:
+            item_done, future = pending.popleft()
+            yield item_done, future.result()
+
+
+def _compare_plain(lay: _Layout, reader: TensorReader, source, entry: TensorEntry) -> str | None:
+    """A tensor convert copies (bytes as they are) or casts (an MX layer's bias to F32)."""
+    pkg = lay.tensors[entry.name]
+    if pkg.shape != entry.shape:
+        return f"{entry.name!r} has shape {list(pkg.shape)} in the package, {list(entry.shape)} in the source"
+    if pkg.dtype == entry.dtype:
+        for _, _, start, count in _row_chunks(entry):
+            a = source.reader.read_bytes(entry, start, count)
+            b = reader.read_bytes(pkg, start, count)
+            if a != b:
+                offset = next(i for i in range(count) if a[i] != b[i])
+                return f"{entry.name!r} ({pkg.path.name}) differs from the source copy at byte {start + offset}"
+        return None
+    if pkg.dtype == "F32" and entry.dtype in FLOAT_DTYPES:
+        want = source.reader.read(entry).astype(np.float32)
+        got = reader.read(pkg)
+        if not np.array_equal(want, got, equal_nan=True):
+            return f"{entry.name!r} ({pkg.path.name}) is not the source {entry.dtype} values cast to F32"
+        return None
+    return f"{entry.name!r} is {pkg.dtype} in the package but {entry.dtype} in the source"
+
+
+@dataclass
+class _Compared:
+    """What comparing one source tensor with the package found."""
+
+    source: list[str] = field(default_factory=list)
+    exact: list[str] = field(default_factory=list)
+    reference_rows: int = 0  # rows the numpy reference re-derived (--exact)
+    report: TensorReport | None = None
+    skipped: list[str] = field(default_factory=list)
+
+
+def _sample_bands(n: int, bn: int, fraction: float, seed: int, name: str) -> list[tuple[int, int]]:
+    """Row ranges [r0, r1) to re-derive: every band of `bn` rows (a source tile row), or a seeded
+    `fraction` of them, at least one, in every weight (so every layer and every module kind)."""
+    bands = [(r0, min(n, r0 + bn)) for r0 in range(0, n, bn)]
+    if fraction >= 1.0 or not bands:
+        return bands
+    rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+    count = max(1, round(fraction * len(bands)))
+    return [bands[i] for i in sorted(rng.choice(len(bands), size=count, replace=False))]
+
+
+def _chunks(bands: list[tuple[int, int]], max_rows: int) -> Iterator[tuple[int, int]]:
+    """Consecutive bands merged into row ranges of at most max_rows rows (at least one band)."""
+    start = stop = None
+    for r0, r1 in bands:
+        if start is not None and r0 == stop and r1 - start <= max_rows:
+            stop = r1
+            continue
+        if start is not None:
+            yield start, stop
+        start, stop = r0, r1
+    if start is not None:
+        yield start, stop
+
+
+class _Rederive:
+    """Re-derive a package weight from its source with the compiled kernels convert uses (bit-
+    identical to the numpy reference) and compare bytes: every row, or `--sample` of the bands.
+    The error against the resolved source is measured on STATS_ELEMENTS sampled elements per
+    weight, among the rows re-derived (every row with --exact-full); --exact also re-derives
+    sampled rows with the reference.
+    """
+
+    def __init__(self, lay: _Layout, source, options: VerifyOptions, rule: str | None, resolve_dtype: str, notice):
+        self.lay, self.source, self.options = lay, source, options
+        self.rule, self.resolve_dtype = rule, resolve_dtype
+        self.fraction = 1.0 if options.exact == "full" else options.sample
+        self.rows = 0  # rows re-derived with the kernels
+        self.rows_of = 0  # rows of the weights compared
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        from ascendconv import kernels
+
+        self.kernels = kernels
+        kinds = {m.label for m in lay.modules.values()}
+        needed = kernels.entry_points_for(bool(kinds & set(MX_TYPES)) and rule is not None, FLOAT in kinds, source.quant.block)
+        if kinds & set(MX_TYPES) and (options.exact == "full" or rule is None):
+            needed.append("error")  # the error of every row
+        kernels.compile_entry_points(needed, notice)
+
+    def linear(self, reader: TensorReader, linear, module: _Module) -> _Compared:
+        out = _Compared()
+        n, k = linear.shape
+        name = linear.weight.name
+        try:
+            scale = self.source.read_scale(linear)
+        except Exception as exc:  # NonFiniteScaleError
+            out.source.append(getattr(exc, "message", str(exc)))
+            return out
+        block = self.source.quant.block
+        w = _Weight(name, module, scale, block, E2M1 if module.label == W4A8_MXFP else None if module.label == FLOAT else E4M3)
+        derivable = module.label == FLOAT or self.rule is not None
+        bands = _sample_bands(n, block[0], self.fraction, self.options.seed, name) if derivable else []
+        full_stats = self.options.exact == "full" or not derivable  # nothing re-derived: measure every row
+        reference_rows = (
+            set(_sample_rows(n, self.options.exact_rows, self.options.seed, name).tolist())
+            if self.options.exact == "sample" and derivable else set()
+        )
+        rows_per_chunk = max(block[0], (CHUNK_BYTES // 4) // max(k, 1) // block[0] * block[0])
+        read = bands if derivable else _sample_bands(n, block[0], 1.0, 0, name)
+        # the error is measured on sampled rows of those read (the first, the last, random ones)
+        candidates = np.concatenate([np.arange(a, b) for a, b in read])
+        picks = _sample_rows(len(candidates), max(2, STATS_ELEMENTS // max(k, 1)), self.options.seed, name)
+        stats_set = set(candidates[picks].tolist())
+        acc = ErrorAccumulator()
+        for r0, r1 in _chunks(read, rows_per_chunk):
+            src_codes = _mapped_rows(self.source.reader, linear.weight, r0, r1)
+            stored, codes, scales = _read_package_rows(reader, module, r0, r1)
+            if derivable and any(a <= r0 < b for a, b in bands):
+                problem = self._rederive(w, r0, src_codes, stored, scales)
+                if problem:
+                    out.source.append(problem)
+                    return out
+            if full_stats and w.fmt is not None:  # every row: summed by a kernel
+                ref_sq, err_sq, max_abs, saturated = self.kernels.error_sums(
+                    src_codes, scale, block, r0, self.resolve_dtype, w.fmt, stored, scales
+                )
+                acc.add_sums(ref_sq, err_sq, max_abs, (r1 - r0) * k, saturated)
+            else:
+                picked = [r - r0 for r in range(r0, r1) if full_stats or r in stats_set]
+                self._measure(w, acc, np.array(picked, np.int64), r0, src_codes, codes, scales)
+            for r in sorted(r for r in reference_rows if r0 <= r < r1):
+                out.reference_rows += 1
+                self._reference_row(w, r, src_codes[r - r0 : r - r0 + 1], stored, scales, r0)
+        with self._lock:
+            self.rows_of += n
+        out.exact += [m for m in (w.payload_diff.message(), w.scale_diff.message()) if m]
+        if not out.exact and w.reference_diff.message():  # the kernels agree with the package, not the reference
+            out.exact.append(w.reference_diff.message())
+        stats: ErrorStats = acc.result()
+        threshold = self.options.min_sqnr(module.label)
+        ok = stats.rel_l2 == 0.0 if module.label == FLOAT else stats.sqnr_db >= threshold  # False for NaN
+        out.report = TensorReport(
+            name, module.label, stats.rel_l2, stats.sqnr_db, stats.max_abs, stats.saturated_fraction, threshold, ok
+        )
+        return out
+
+    def _rederive(self, w: "_Weight", r0: int, src_codes, stored, scales) -> str | None:
+        """Compare rows [r0, r0 + len) of the package with the kernels' output; a broken source
+        (NaN codes, values that overflow) is returned as a problem."""
+        rows = np.arange(r0, r0 + len(src_codes))
+        out = self._buffer(stored.nbytes).view(stored.dtype).reshape(stored.shape)
+        try:
+            if w.fmt is None:
+                want = self.kernels.resolve_rows_bf16(src_codes, w.scale, w.block, r0, out=out).view(np.uint8)
+                w.payload_diff.update(stored.view(np.uint8), want, rows)
+            else:
+                payload, scale_bytes = self.kernels.requantize_rows(
+                    src_codes, w.scale, w.block, r0, self.resolve_dtype, w.fmt, self.rule, out=out
+                )
+                w.payload_diff.update(stored, payload, rows)
+                w.scale_diff.update(scales, scale_bytes, rows)
+        except ValueError:
+            nan_at = self.kernels.first_nan_code(src_codes)
+            if nan_at:
+                return f"source {w.name!r} holds a NaN code at row {r0 + nan_at[0]}, column {nan_at[1]}"
+            return f"source {w.name!r} holds values that overflow in rows {r0}..{rows[-1]}"
+        with self._lock:
+            self.rows += len(rows)
+        return None
+
+    def _buffer(self, nbytes: int) -> np.ndarray:
+        """This thread's output buffer for the kernels, kept across chunks: re-deriving into fresh
+        memory would fault in as many new pages as the package is large."""
+        held = getattr(self._local, "buffer", None)
+        if held is None or held.nbytes < nbytes:
+            held = self._local.buffer = np.empty(max(nbytes, CHUNK_BYTES), dtype=np.uint8)
+        return held[:nbytes]
+
+    def _measure(self, w: "_Weight", acc: ErrorAccumulator, picked: np.ndarray, r0: int, src_codes, codes, scales) -> None:
+        """The error of the picked rows (indices into the block starting at r0), with numpy."""
+        if not picked.size:
+            return
+        # one "tile row" per picked row: (1, bk) tiles carrying each row's own tile scales
+        reference = resolve.resolve_tiles(
+            src_codes[picked], w.scale[(r0 + picked) // w.block[0]], (1, w.block[1]),
+            "bf16" if w.fmt is None else self.resolve_dtype,
+        )
+        approx = _dequantize(w.module, codes[picked], None if scales is None else scales[picked])
+        acc.update(reference, approx, codes[picked] if w.fmt is not None else None, w.fmt)
+
+    def _reference_row(self, w: "_Weight", r: int, src_row, stored, scales, r0: int) -> None:
+        """Row r re-derived with the numpy reference (--exact), compared with the package."""
+        i = r - r0
+        if w.fmt is None:
+            want = requantize.resolve_rows_bf16(src_row, w.scale, w.block, r).view(np.uint8)
+            w.reference_diff.update(stored[i : i + 1].view(np.uint8), want, np.array([r]))
+            return
+        payload, scale_bytes = requantize.requantize_rows(src_row, w.scale, w.block, r, self.resolve_dtype, w.fmt, self.rule)
+        got = np.concatenate([stored[i : i + 1], scales[i : i + 1]], axis=1)
+        w.reference_diff.update(got, np.concatenate([payload, scale_bytes], axis=1), np.array([r]))
+
+
+class _Weight:
+    """One weight being compared: what re-deriving it needs, and the differences found."""
+
+    def __init__(self, name: str, module: _Module, scale: np.ndarray, block: tuple[int, int], fmt):
+        self.name, self.module, self.scale, self.block, self.fmt = name, module, scale, block, fmt
+        self.payload_diff = _Differences(name, "BF16 bytes" if fmt is None else "payload")
+        self.scale_diff = _Differences(module.prefix + ".weight_scale", "scale")
+        self.reference_diff = _Differences(name, "bytes (numpy reference)")
+
+
+def check_source(found: _SourceFindings) -> Check:
+    return make_check("source", found.source, "the package holds what the source implies; copies byte-identical")
+
+
+def check_accuracy(found: _SourceFindings, options: VerifyOptions) -> Check:
+    problems = []
+    for t in found.tensors:
+        if t.ok:
+            continue
+        if t.type == FLOAT:
+            problems.append(f"{t.name!r} (FLOAT) is not the BF16-resolved source: rel. error {t.rel_err:.3g}")
+        else:
+            problems.append(
+                f"{t.name!r} ({t.type}): SQNR {t.sqnr_db:.1f} dB < {t.min_sqnr_db:g} dB (rel. error {t.rel_err:.4f})"
+            )
+    measured_problems = bool(problems)
+    problems += [f"not measured: {s}" for s in found.skipped]
+    mx_tensors = [t for t in found.tensors if t.type in MX_TYPES]
+    detail = f"{len(found.tensors)} weights measured"
+    if mx_tensors:
+        worst = min(mx_tensors, key=lambda t: t.sqnr_db if not math.isnan(t.sqnr_db) else -math.inf)
+        detail += f"; worst {worst.name} {worst.sqnr_db:.1f} dB"
+    check = make_check("accuracy", problems, detail)
+    if problems and not measured_problems:
+        check.hint = STRUCTURAL_HINT
+    return check
+
+
+def check_exact(found: _SourceFindings, lay: _Layout, options: VerifyOptions) -> Check:
+    prov = lay.pkg.provenance or {}
+    if prov.get("scale_rule") not in SCALE_RULES:
+        return make_check("exact", [f"no scale rule recorded in {PROVENANCE_NAME}: the bytes cannot be re-derived"], "")
+    if options.exact == "full" or options.sample >= 1.0:
+        what = f"every row ({found.rows} rows)"
+    else:
+        what = (
+            f"{found.rows} of {found.rows_of} rows (--sample {options.sample:g}, seed {options.seed}: that share of "
+            "the tile rows of every weight, at least one)"
+        )
+    detail = (
+        f"{what} re-derived from the source with the compiled kernels equal the package bytes "
+        f"(rule {prov['scale_rule']}, resolve {prov.get('resolve_dtype')})"
+    )
+    if options.exact == "sample":
+        detail += f"; {found.exact_rows} sampled rows ({options.exact_rows} per weight) equal the numpy reference"
+    return make_check("exact", found.exact, detail)
+
+
+# --- MoE: the GroupedMatmulSituQuant chain on sampled layers --------------------------------------

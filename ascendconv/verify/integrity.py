@@ -1,0 +1,228 @@
+"""Integrity: the data scan (scales, payload, checksums in one pass per shard) and the provenance."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ascendconv.ascendv1 import PROVENANCE_NAME
+from ascendconv.errors import shown
+from ascendconv.formats import requantize
+from ascendconv.formats.constants import E8M0_NAN, SCALE_RULES
+from ascendconv.io.checksum import ALGORITHMS, file_digest, recorded_checksum
+from ascendconv.io.files import file_size
+from ascendconv.io.safetensors import NUMPY_DTYPES, TensorEntry, TensorReader, nonfinite_count
+from ascendconv.plan import RESOLVE_DTYPES
+from ascendconv.verify.checks import make_check, skip_check
+from ascendconv.verify.layout import FLOAT_DTYPES, _Layout, _row_chunks
+from ascendconv.verify.options import Progress, VerifyOptions
+from ascendconv.verify.report import Check
+
+
+def _position(entry: TensorEntry, flat: int, row_start: int) -> str:
+    shape = entry.shape
+    if len(shape) >= 2:
+        cols = math.prod(shape[1:])
+        return f"row {row_start + flat // cols}, column {flat % cols}"
+    return f"element {flat}"
+
+
+class _ScanFindings:
+    def __init__(self) -> None:
+        self.scales: list[str] = []
+        self.payload: list[str] = []
+        self.carried: dict[str, int] = {}  # non-finite values the provenance says came from the source
+        self.nonfinite: dict[str, int] = {}  # what the scan found in those tensors
+        self.digests: dict[str, str] = {}
+        self.vouched: set[str] = set()  # shards whose checksum matched: their bytes are convert's
+        self.unreadable: dict[str, str] = {}
+
+    def detail(self, what: str) -> str:
+        if not self.vouched:
+            return what
+        return (
+            f"{what} ({len(self.vouched)} shard(s) not scanned: their checksums match, so they hold the bytes "
+            "convert wrote and checked)"
+        )
+
+
+def _scan(lay: _Layout, options: VerifyOptions, progress: Progress | None) -> _ScanFindings:
+    """Checksum each shard; scan the tensors of those whose checksum does not vouch for them.
+
+    A shard whose checksum matches the one recorded holds exactly the bytes convert wrote, and
+    convert never writes a NaN code or a scale byte 255 (it refuses such input; NaN / Inf carried in
+    FLOAT tensors are recorded in the provenance): scanning it would find nothing new, so it is
+    hashed only, at the speed of reading it, except for the tensors whose NaN / Inf the provenance
+    records, which are counted again. A shard without a recorded
+    checksum (`--no-checksums`, no provenance) or with a wrong one is scanned tensor by tensor."""
+    findings = _ScanFindings()
+    findings.carried = recorded_nonfinite(lay.pkg.provenance)
+    files = [f for f in lay.expected if f in lay.present]
+    total = sum(file_size(lay.root / f) for f in files)
+    done = 0
+    with TensorReader() as reader:
+        for file in files:
+            path = lay.root / file
+            recorded = recorded_checksum(lay.pkg.provenance or {}, file) if options.checksums else None
+            header = lay.headers.get(file)
+            try:
+                if recorded is not None:
+                    findings.digests[file] = file_digest(path, recorded[0])
+                    if findings.digests[file] == recorded[1]:
+                        findings.vouched.add(file)
+                if header is not None:
+                    # a vouched shard still has its carried NaN / Inf counted (a few FLOAT tensors)
+                    scanned = [
+                        e for e in header.tensors.values() if file not in findings.vouched or e.name in findings.carried
+                    ]
+                    for entry in sorted(scanned, key=lambda e: e.offset):
+                        for r0, _, start, count in _row_chunks(entry):
+                            _scan_chunk(lay, entry, reader.read_bytes(entry, start, count), r0, findings)
+            except OSError as exc:
+                findings.unreadable[file] = f"{file}: cannot read ({exc})"
+            except Exception as exc:  # TruncatedFileError from a file that shrank while being read
+                findings.unreadable[file] = f"{file}: {getattr(exc, 'message', exc)}"
+            done += file_size(path)
+            if progress:
+                progress("scan", done, total)
+    return findings
+
+
+def _scan_chunk(lay: _Layout, entry: TensorEntry, data: bytearray, row_start: int, findings: _ScanFindings) -> None:
+    name = entry.name
+    if name.endswith(".weight_scale") and NUMPY_DTYPES[entry.dtype].itemsize == 1:
+        raw = np.frombuffer(data, np.uint8)
+        hits = np.flatnonzero(raw == E8M0_NAN)
+        if hits.size:
+            groups = entry.shape[1] if len(entry.shape) == 2 else 1
+            flat = int(hits[0])
+            findings.scales.append(
+                f"{name!r} ({entry.path.name}) holds the E8M0 NaN byte 255 at row {row_start + flat // groups}, "
+                f"group {flat % groups} ({hits.size} in rows {row_start}..)"
+            )
+    elif entry.dtype == "F8_E4M3":
+        raw = np.frombuffer(data, np.uint8)
+        hit = requantize.first_nan_code(raw)
+        if hit is not None:
+            (flat,) = hit
+            findings.payload.append(
+                f"{name!r} ({entry.path.name}) holds the E4M3 NaN code 0x{raw[flat]:02X} at "
+                f"{_position(entry, flat, row_start)}"
+            )
+    elif entry.dtype in FLOAT_DTYPES:
+        if name in findings.carried:  # the source held NaN / Inf here: counted, compared at the end
+            findings.nonfinite[name] = findings.nonfinite.get(name, 0) + nonfinite_count(data, entry.dtype)
+            return
+        values = np.frombuffer(data, NUMPY_DTYPES[entry.dtype])
+        finite = np.isfinite(values.astype(np.float32) if entry.dtype == "BF16" else values)
+        if not finite.all():
+            flat = int(np.flatnonzero(~finite)[0])
+            findings.payload.append(
+                f"{name!r} ({entry.path.name}) holds {values[flat]} at {_position(entry, flat, row_start)}"
+            )
+
+
+def recorded_nonfinite(provenance: dict | None) -> dict[str, int]:
+    """FLOAT tensor -> NaN / Inf values convert carried from the source (provenance 'source_nonfinite')."""
+    recorded = (provenance or {}).get("source_nonfinite")
+    if not isinstance(recorded, dict):
+        return {}
+    return {k: v for k, v in recorded.items() if isinstance(v, int) and not isinstance(v, bool) and v > 0}
+
+
+def check_scales(findings: _ScanFindings) -> Check:
+    return make_check("scales", findings.scales, findings.detail("no E8M0 scale byte is 255"))
+
+
+def check_payload(findings: _ScanFindings) -> Check:
+    problems = list(findings.payload)
+    for name, want in sorted(findings.carried.items()):
+        got = findings.nonfinite.get(name)
+        if got is not None and got != want:
+            problems.append(
+                f"{shown(name)} holds {got} NaN/Inf value(s); the source held {want} (recorded at conversion)"
+            )
+    detail = "no NaN codes in FP8 payloads, no NaN/Inf in floats"
+    # scanned counts, or the recorded ones where a matching checksum vouched for the shard
+    counts = {name: findings.nonfinite.get(name, want) for name, want in findings.carried.items()}
+    carried = sum(counts.values())
+    if carried and not problems:
+        detail += (
+            f" but the {carried} NaN/Inf value(s) in {len(counts)} FLOAT tensor(s) the source held "
+            "(recorded at conversion)"
+        )
+    return make_check("payload", problems, findings.detail(detail))
+
+
+def check_provenance(lay: _Layout) -> Check:
+    prov = lay.pkg.provenance
+    if prov is None:
+        return skip_check("provenance", f"no {PROVENANCE_NAME} (not written by ascendconv convert)")
+    problems = []
+    if prov.get("tool") != "ascendconv":
+        problems.append(f"{PROVENANCE_NAME}: tool is {shown(prov.get('tool'))}, expected 'ascendconv'")
+    if prov.get("scale_rule") not in SCALE_RULES:
+        problems.append(f"{PROVENANCE_NAME}: scale_rule is {shown(prov.get('scale_rule'))}")
+    if prov.get("resolve_dtype") not in RESOLVE_DTYPES:
+        problems.append(f"{PROVENANCE_NAME}: resolve_dtype is {shown(prov.get('resolve_dtype'))}")
+    for key in ("version", "scheme", "kernel"):
+        if not isinstance(prov.get(key), str):
+            problems.append(f"{PROVENANCE_NAME}: {key} is missing")
+    shards = prov.get("shards")
+    algorithm = prov.get("checksum", "sha256")  # packages written before the field: sha256
+    if algorithm not in ALGORITHMS:
+        problems.append(f"{PROVENANCE_NAME}: checksum is {algorithm!r}, expected one of {', '.join(ALGORITHMS)}")
+    elif not isinstance(shards, dict):
+        problems.append(f"{PROVENANCE_NAME}: no shards with checksums")
+    else:
+        for file in sorted(set(lay.expected) - set(shards)):
+            problems.append(f"{PROVENANCE_NAME} records no checksum for {file}")
+        for file in sorted(f for f in set(lay.expected) & set(shards) if recorded_checksum(prov, f) is None):
+            problems.append(f"{PROVENANCE_NAME} records no {algorithm} digest for {file}")
+        for file in sorted(set(shards) - set(lay.expected)):
+            problems.append(f"{PROVENANCE_NAME} records {file}, which is not a shard of the package")
+    carried = prov.get("source_nonfinite", {})
+    if not isinstance(carried, dict) or len(recorded_nonfinite(prov)) != len(carried):
+        problems.append(f"{PROVENANCE_NAME}: source_nonfinite is {shown(carried)}, expected tensor names -> counts")
+    if not isinstance(prov.get("fallbacks", []), list):
+        problems.append(f"{PROVENANCE_NAME}: fallbacks is {shown(prov['fallbacks'])}, expected a list")
+    source = prov.get("source")
+    if not isinstance(source, dict) or not isinstance(source.get("files"), list):
+        problems.append(f"{PROVENANCE_NAME}: the source files are not recorded")
+    elif not all(isinstance(f, dict) and isinstance(f.get("name"), str) for f in source["files"]):
+        problems.append(f"{PROVENANCE_NAME}: a source file is recorded without its name")
+    detail = f"ascendconv {prov.get('version')}, {prov.get('scheme')}, rule {prov.get('scale_rule')}, kernel {prov.get('kernel')}"
+    return make_check("provenance", problems, detail)
+
+
+def check_checksums(lay: _Layout, findings: _ScanFindings) -> Check:
+    prov = lay.pkg.provenance
+    if prov is None:
+        return make_check(
+            "checksums", [f"no {PROVENANCE_NAME}: the shard checksums are unknown (pass --no-checksums for a "
+                          "package written by another tool)"], "")
+    problems = [why for _, why in sorted(findings.unreadable.items())]
+    checked = 0
+    algorithms = set()
+    for file in lay.expected:
+        recorded = recorded_checksum(prov, file)
+        if file not in findings.digests or recorded is None:
+            continue  # unreadable, or no checksum recorded (reported by provenance)
+        algorithm, want = recorded
+        checked += 1
+        algorithms.add(algorithm)
+        got = findings.digests[file]
+        if got != want:
+            problems.append(
+                f"{file}: {algorithm} {got[:16]}... differs from the {want[:16]}... recorded at conversion "
+                f"(size now {file_size(lay.root / file)} bytes)"
+            )
+    named = "/".join(sorted(algorithms)) or "checksum"
+    return make_check(
+        "checksums",
+        problems,
+        f"{checked} shard(s) match the {named} recorded at conversion: they hold the bytes written then, unless "
+        "shard and provenance were both rewritten (only --source can tell)",
+    )
+

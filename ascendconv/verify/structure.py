@@ -1,0 +1,297 @@
+"""Structural checks: files, config, description, headers, index, coverage, dtypes, shapes, pairs,
+alignment, packed groups and tensor parallelism, from the headers and JSON files alone."""
+
+from __future__ import annotations
+
+import math
+
+from ascendconv.ascendv1 import (
+    DESCRIPTION_NAME,
+    INDEX_NAME,
+    QUANT_TYPES,
+    RANK,
+    SHARD_NAME,
+    SHARD_PATTERN,
+    SINGLE_SHARD_NAME,
+    quant_type_named,
+)
+from ascendconv.errors import shown
+from ascendconv.formats.constants import FLOAT, GROUP_SIZE, W8A8_MXFP8
+from ascendconv.io.rules import moe_coverage_problems
+from ascendconv.models import tp_role
+from ascendconv.plan import (
+    Deployment,
+    alignment_problem,
+    is_routed_expert,
+    packed_group,
+    rank_k,
+)
+from ascendconv.verify.checks import make_check, skip_check
+from ascendconv.verify.layout import MX_TYPES, _Layout
+from ascendconv.verify.report import Check
+
+
+FP8_DTYPES = ("F8_E4M3", "F8_E5M2", "F8_E8M0")
+
+# Tensor parallelism: models.tp_role says how vLLM splits each linear. Row-parallel linears split K
+# (the type's K rule applies to K/T, as the plan checks it); column-parallel ones split N (N/T must be
+# whole). Routed experts split like a dense MLP under plain TP, and not at all with --ep.
+KV_HEAD_PROJECTIONS = ("k_proj", "v_proj")  # replicated instead of split when kv heads < T
+
+
+def check_files(lay: _Layout) -> Check:
+    problems = []
+    for stray in lay.strays:
+        if lay.index is None and SHARD_PATTERN.match(stray):
+            problems.append(f"{stray} is a numbered shard but {INDEX_NAME} is missing")
+            continue
+        if SHARD_PATTERN.match(stray) or stray == SINGLE_SHARD_NAME:
+            why = "is not named by the index" if lay.index is not None else "is not the package's weight file"
+        else:
+            why = "is not part of the package"
+        problems.append(f"stray file {stray}: {why}, and vLLM loads every *.safetensors in the directory")
+    for missing in lay.missing:
+        if lay.index is not None:
+            users = sorted(t for t, f in lay.pkg.weight_map.items() if f == missing)
+            problems.append(f"shard {missing} is named by {INDEX_NAME} for {len(users)} tensor(s) but is missing")
+        elif not any(SHARD_PATTERN.match(f) for f in lay.present):
+            problems.append(f"no {INDEX_NAME} and no {SINGLE_SHARD_NAME}: the package has no weights")
+    if lay.index is not None:
+        numbers = []
+        for file in lay.expected:
+            match = SHARD_PATTERN.match(file)
+            if not match:
+                problems.append(f"{INDEX_NAME} names shard {shown(file)}, which does not follow {shown(SHARD_NAME.format(1, 1))}")
+            else:
+                numbers.append((int(match[1]), int(match[2])))
+        totals = {total for _, total in numbers}
+        if numbers and len(totals) == 1:
+            total = totals.pop()
+            have = {number for number, _ in numbers}
+            holes = [SHARD_NAME.format(i, total) for i in range(1, total + 1) if i not in have]
+            for hole in holes:
+                if hole not in lay.present:
+                    problems.append(f"shard numbering has a hole: {hole} is neither indexed nor present")
+        elif len(totals) > 1:
+            problems.append(f"shards disagree on their count: {', '.join(lay.expected)}")
+    if not (lay.root / "config.json").is_file():
+        problems.append("config.json is missing: vLLM cannot build the model")
+    return make_check("files", problems, f"{len(lay.expected)} shard(s), no stray *.safetensors")
+
+
+def check_config(lay: _Layout) -> Check:
+    config = lay.pkg.config
+    if config is None:
+        return skip_check("config", "no config.json (reported by files)")
+    problems = []
+    if "quantization_config" in config:
+        problems.append(
+            "config.json keeps quantization_config: vLLM would take the FP8 path or refuse the model"
+        )
+    text = config.get("text_config")
+    if isinstance(text, dict) and "quantization_config" in text:
+        problems.append("config.json keeps text_config.quantization_config: vLLM would take the FP8 path")
+    return make_check("config", problems, "config.json has no quantization_config")
+
+
+def check_description(lay: _Layout) -> Check:
+    fields = lay.pkg.fields
+    problems = []
+    if fields.get("version") != "1.0.0":
+        problems.append(f"{DESCRIPTION_NAME}: version is {shown(fields.get('version'))}, expected '1.0.0'")
+    group_size = fields.get("group_size")
+    if isinstance(group_size, bool) or group_size != GROUP_SIZE:
+        problems.append(f"{DESCRIPTION_NAME}: group_size is {shown(group_size)}, expected {GROUP_SIZE} (0 breaks the loader)")
+    for key in ("metadata", "optional"):
+        if not isinstance(fields.get(key, {}), dict):
+            problems.append(f"{DESCRIPTION_NAME}: {key} is {shown(fields[key])}, expected an object")
+    labels = []
+    for name, label in sorted(lay.description.items()):
+        if quant_type_named(label) is None:
+            problems.append(f"{shown(name)} has type {shown(label)}; known types: {', '.join(QUANT_TYPES)}")
+            continue
+        labels.append(label)
+        if label in MX_TYPES and not (name.endswith(".weight") or name.endswith(".weight_scale")):
+            problems.append(f"{shown(name)} is labelled {label}, but only P.weight and P.weight_scale carry MX types")
+    expected = max(labels, key=RANK.__getitem__) if labels else FLOAT
+    found = fields.get("model_quant_type")
+    if found != expected:
+        problems.append(
+            f"{DESCRIPTION_NAME}: model_quant_type is {shown(found)} but the highest type present is {shown(expected)}"
+        )
+    return make_check("description", problems, f"{len(lay.description)} entries, model_quant_type {found}")
+
+
+def check_headers(lay: _Layout) -> Check:
+    problems = [why if file in why else f"{file}: {why}" for file, why in sorted(lay.broken.items())]
+    problems += [f"tensor {shown(n)} is in both {a} and {b}" for n, a, b in lay.duplicates]
+    return make_check("headers", problems, f"{len(lay.headers)} shard header(s) valid, offsets in bounds")
+
+
+def check_index(lay: _Layout) -> Check:
+    if lay.index is None:
+        return skip_check("index", f"single file {SINGLE_SHARD_NAME}, no index")
+    problems = []
+    weight_map = lay.pkg.weight_map
+    metadata = lay.index.get("metadata") if isinstance(lay.index.get("metadata"), dict) else {}
+    for name, file in sorted(weight_map.items()):
+        entry = lay.tensors.get(name)
+        if entry is None:
+            if file not in lay.broken and file not in lay.missing:
+                problems.append(f"{INDEX_NAME} maps {shown(name)} to {file} but no shard holds it")
+        elif entry.path.name != file:
+            problems.append(f"{INDEX_NAME} maps {shown(name)} to {file} but it is in {entry.path.name}")
+    for name in sorted(set(lay.tensors) - set(weight_map)):
+        problems.append(f"{shown(name)} is in {lay.tensors[name].path.name} but not in {INDEX_NAME}")
+    total = metadata.get("total_size")
+    actual = sum(e.nbytes for e in lay.tensors.values())
+    if lay.complete and total != actual:
+        problems.append(f"{INDEX_NAME}: metadata.total_size is {shown(total)} but the shards hold {actual} bytes of tensor data")
+    return make_check("index", problems, f"{len(weight_map)} entries, total_size {total}")
+
+
+def check_coverage(lay: _Layout) -> Check:
+    problems = []
+    described, stored = set(lay.description), set(lay.tensors)
+    if lay.complete:
+        for name in sorted(described - stored):
+            problems.append(f"{shown(name)} is described ({lay.description[name]}) but in no shard")
+    for name in sorted(stored - described):
+        problems.append(f"{shown(name)} is in {lay.tensors[name].path.name} but not described in {DESCRIPTION_NAME}")
+    for name in sorted(n for n in stored if n.endswith(".weight_scale_inv")):
+        problems.append(f"{shown(name)} ({lay.tensors[name].path.name}) is a block-FP8 scale; an AscendV1 package has none")
+    # whole MoE layers: the rule convert applies to its source (io.rules)
+    problems += moe_coverage_problems(lay.description, lay.pkg.config, DESCRIPTION_NAME)
+    return make_check("coverage", problems, f"{len(stored)} tensors, each described and stored once")
+
+
+def check_dtypes(lay: _Layout) -> Check:
+    problems = []
+    for name, entry in sorted(lay.tensors.items()):
+        label = lay.label(name)
+        where = f"{shown(name)} ({entry.path.name})"
+        if label is None:
+            continue
+        if label in MX_TYPES and name.endswith(".weight"):
+            want = "F8_E4M3" if label == W8A8_MXFP8 else "U8"
+            if entry.dtype != want:
+                problems.append(f"{where} is {entry.dtype}; a {label} weight must be {want}")
+        elif label in MX_TYPES and name.endswith(".weight_scale"):
+            if entry.dtype != "U8":
+                problems.append(f"{where} is {entry.dtype}; a {label} scale must be U8 (E8M0 bytes)")
+        elif label == FLOAT:
+            if entry.dtype in FP8_DTYPES:
+                problems.append(f"{where} is {entry.dtype} but labelled FLOAT: the loader reads it as float by value")
+            prefix = name[: -len(".bias")] if name.endswith(".bias") else None
+            module = lay.modules.get(prefix) if prefix else None
+            if module is not None and module.label in MX_TYPES and entry.dtype != "F32":
+                problems.append(f"{where} is {entry.dtype}; the bias of a {module.label} layer must be F32")
+    for name, label in sorted(lay.description.items()):
+        if name.endswith(".bias") and label in MX_TYPES:
+            problems.append(f"{shown(name)} is labelled {label}; the bias of an MX layer is labelled FLOAT")
+    return make_check("dtypes", problems, "every tensor has its type's dtype")
+
+
+def check_shapes(lay: _Layout) -> Check:
+    problems = []
+    for prefix, module in sorted(lay.modules.items()):
+        w = module.weight
+        if module.label not in MX_TYPES or w is None:
+            continue
+        if len(w.shape) != 2:
+            problems.append(f"{shown(w.name)} ({w.path.name}) has shape {list(w.shape)}; a {module.label} weight is 2-D")
+            continue
+        s = module.scale
+        if s is None:
+            continue  # reported by pairs
+        n, k = module.n, module.k
+        want = (n, math.ceil(k / GROUP_SIZE)) if module.label == W8A8_MXFP8 else (n, k // GROUP_SIZE)
+        if s.shape != want:
+            problems.append(
+                f"{shown(s.name)} ({s.path.name}) has shape {list(s.shape)}; {module.label} weight {shown(w.name)} "
+                f"{list(w.shape)} (N={n}, K={k}) needs {list(want)}"
+            )
+    return make_check("shapes", problems, "every MX weight and scale has the shape its type implies")
+
+
+def check_pairs(lay: _Layout) -> Check:
+    problems = []
+    for prefix, module in sorted(lay.modules.items()):
+        scale_name = prefix + ".weight_scale"
+        scale_label = lay.label(scale_name)
+        if module.label in MX_TYPES:
+            if scale_label is None:
+                problems.append(f"{module.label} weight {shown(prefix + '.weight')} has no {shown(scale_name)}")
+            elif scale_label != module.label:
+                problems.append(f"{shown(prefix + '.weight')} is {module.label} but {shown(scale_name)} is {scale_label}")
+        elif scale_label is not None:
+            problems.append(f"{shown(scale_name)} is {scale_label} but its weight is {module.label}")
+    for name in sorted(lay.description):
+        if name.endswith(".weight_scale") and name[: -len("_scale")] not in lay.description:
+            problems.append(f"scale {shown(name)} has no weight {shown(name[: -len('_scale')])}")
+    return make_check("pairs", problems, "every MX weight has its scale, of the same type")
+
+
+def check_alignment(lay: _Layout) -> Check:
+    problems = []
+    for prefix, module in sorted(lay.modules.items()):
+        if module.label not in MX_TYPES or module.k is None:
+            continue
+        problem = alignment_problem(module.label, module.k, is_routed_expert(prefix, lay.rules))
+        if problem:
+            problems.append(f"{prefix} ({module.label}): {problem}")
+    return make_check("alignment", problems, "K of every MX layer meets its type's rule")
+
+
+def check_packed_groups(lay: _Layout) -> Check:
+    groups: dict[str, dict[str, list[str]]] = {}
+    for prefix, module in lay.modules.items():
+        group = packed_group(prefix, lay.rules)
+        if group == prefix:
+            continue
+        groups.setdefault(group, {}).setdefault(module.label, []).append(prefix)
+    problems = []
+    for group, by_type in sorted(groups.items()):
+        if len(by_type) < 2:
+            continue
+        parts = []
+        for label, members in sorted(by_type.items(), key=lambda kv: RANK.get(kv[0], -1)):
+            names = sorted(m[len(group.rsplit(".", 1)[0]) + 1 :] for m in members)
+            shown = ", ".join(names[:3]) + (f", ... ({len(names)} modules)" if len(names) > 3 else "")
+            parts.append(f"{label}: {shown}")
+        kind = "MoE layer" if group.endswith(".experts") else "packed module"
+        problems.append(f"{kind} {group} mixes types ({'; '.join(parts)}); the loader refuses the model")
+    return make_check("packed_groups", problems, f"{len(groups)} packed group(s) and MoE layer(s), each of one type")
+
+
+def check_tp(lay: _Layout, tp: int, ep: bool = False) -> Check:
+    config = lay.pkg.config or {}
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    kv_heads = config.get("num_key_value_heads", text.get("num_key_value_heads"))
+    problems = []
+    checked = 0
+    for prefix, module in sorted(lay.modules.items()):
+        role = tp_role(prefix)
+        n, k = module.n, module.k
+        if role in (None, "replicated") or n is None:
+            continue
+        checked += 1
+        where = f"{prefix} ({module.label}, {role}-parallel)"
+        if role == "row":
+            routed = is_routed_expert(prefix, lay.rules)
+            rank_k_value, k_label = rank_k(prefix, k, routed, Deployment(tp, ep))
+            problem = k_label if rank_k_value is None else alignment_problem(module.label, rank_k_value, routed, k_label)
+            if problem:
+                problems.append(f"{where}: {problem}")
+        else:
+            last = prefix.rsplit(".", 1)[-1]
+            if last in KV_HEAD_PROJECTIONS and isinstance(kv_heads, int) and 0 < kv_heads < tp:
+                if tp % kv_heads:
+                    problems.append(f"{where}: {kv_heads} KV heads cannot be replicated evenly over {tp} ranks")
+                continue
+            if n % tp:
+                problems.append(f"{where}: N={n} does not split over {tp} ranks (N/T = {n / tp:g})")
+    return make_check("tp", problems, f"{checked} split linears align under --tp {tp}")
+
+
+# --- the data scan: scales, payload, checksums in one pass per shard -----------------------------
