@@ -22,9 +22,10 @@ from ascendconv.npu.reference import GmmSituInputs
 from ascendconv.formats.constants import E2M1, E4M3
 from ascendconv.io.safetensors import TensorReader, read_header
 from ascendconv.io.source import SourceCheckpoint
-from ascendconv.errors import NpuUnavailableError
+from ascendconv.errors import NpuUnavailableError, TruncatedFileError
 from ascendconv.verify import VerifyOptions, verify
-from ascendconv.verify import accuracy as verify_accuracy, integrity as verify_integrity, moe as verify_moe
+from ascendconv.verify import accuracy as verify_accuracy, checks as verify_checks
+from ascendconv.verify import integrity as verify_integrity, moe as verify_moe
 from conftest import FIXTURE_NAMES, FIXTURES, SCHEMES, file_digest, load_shard, save_shard
 
 runner = CliRunner()
@@ -827,3 +828,60 @@ def test_on_npu_compares_with_the_reference(converted, monkeypatch):
     assert failed(report) == {"npu"}
     assert "model.layers.0.mlp: NPU output differs from the CPU reference by rel. error" in problems(report, "npu")
 
+
+# --- the registry, and errors that are findings versus bugs -----------------------------------------
+
+
+def test_every_check_is_declared_in_the_registry_in_the_order_it_runs(converted):
+    report = verify(converted(MOE, "w4a8-mxfp"), VerifyOptions(tp=2, source=FIXTURES / MOE, moe_check=True))
+    names = [c.name for c in report.checks]
+    assert names == sorted(names, key=list(v.CHECKS).index)
+    assert set(v.CHECKS) - set(names) == {"npu"}
+    assert all(v.CHECKS[name].family in ("structure", "integrity", "accuracy", "moe", "npu") for name in v.CHECKS)
+    with pytest.raises(KeyError):  # a check without a declaration is a programming error
+        verify_checks.make_check("undeclared", ["a problem"], "")
+
+
+def test_a_shard_cut_short_while_scanned_is_a_finding_a_bug_is_a_traceback(package, monkeypatch):
+    pkg = package()
+    prov = read_json(pkg / PROVENANCE)
+    prov["shards"][SHARD][prov["checksum"]] = "0" * 64  # the checksum no longer vouches: the shard is scanned
+    write_json(pkg / PROVENANCE, prov)
+
+    def cut_short(lay, entry, *args):
+        raise TruncatedFileError(f"{entry.path}: tensor {entry.name!r} is cut short (truncated file)")
+
+    monkeypatch.setattr(verify_integrity, "_scan_chunk", cut_short)
+    report = verify(pkg)
+    assert failed(report) == {"checksums"}
+    assert f"{SHARD}: {pkg / SHARD}: tensor" in problems(report, "checksums")
+    assert "is cut short (truncated file)" in problems(report, "checksums")
+
+    def bug(lay, entry, *args):
+        raise KeyError(entry.name)
+
+    monkeypatch.setattr(verify_integrity, "_scan_chunk", bug)
+    with pytest.raises(KeyError):
+        verify(pkg)
+
+
+def test_a_failing_npu_operator_is_a_finding_a_bug_is_a_traceback(converted, monkeypatch):
+    def device_error(inputs, **kwargs):
+        raise RuntimeError("ACL error 507015: aicore execution failed")
+
+    monkeypatch.setattr(npu_module, "npu_available", lambda: (True, "fake Ascend950"))
+    monkeypatch.setattr(npu_module, "run_gmm_situ_on_npu", device_error)
+    pkg = converted(MOE, "w4a8-mxfp-moe")
+    report = verify(pkg, VerifyOptions(on_npu=True))
+    assert failed(report) == {"npu"}
+    assert (
+        "model.layers.0.mlp: GroupedMatmulSituQuant failed on the NPU: RuntimeError: ACL error 507015"
+        in problems(report, "npu")
+    )
+
+    def bug(inputs, **kwargs):
+        raise TypeError("run_gmm_situ_on_npu() got an unexpected keyword argument")
+
+    monkeypatch.setattr(npu_module, "run_gmm_situ_on_npu", bug)
+    with pytest.raises(TypeError):
+        verify(pkg, VerifyOptions(on_npu=True))

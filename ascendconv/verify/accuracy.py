@@ -14,6 +14,7 @@ from typing import Iterator
 import numpy as np
 
 from ascendconv.ascendv1 import PROVENANCE_NAME
+from ascendconv.errors import HeaderError, NonFiniteScaleError
 from ascendconv.formats import requantize, resolve
 from ascendconv.formats.constants import E2M1, E4M3, FLOAT, GROUP_SIZE, SCALE_RULES, W4A8_MXFP, W8A8_MXFP8
 from ascendconv.formats.metrics import ErrorAccumulator, ErrorStats
@@ -304,8 +305,11 @@ class _Rederive:
         name = linear.weight.name
         try:
             scale = self.source.read_scale(linear)
-        except Exception as exc:  # NonFiniteScaleError
-            out.source.append(getattr(exc, "message", str(exc)))
+        except (NonFiniteScaleError, HeaderError) as exc:  # NaN / Inf tile scales, a shard cut short
+            out.source.append(exc.message)
+            return out
+        except OSError as exc:
+            out.source.append(str(exc))
             return out
         block = self.source.quant.block
         w = _Weight(name, module, scale, block, E2M1 if module.label == W4A8_MXFP else None if module.label == FLOAT else E4M3)

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from ascendconv.ascendv1 import PROVENANCE_NAME
-from ascendconv.errors import shown
+from ascendconv.errors import HeaderError, shown
 from ascendconv.formats import requantize
 from ascendconv.formats.constants import E8M0_NAN, SCALE_RULES
 from ascendconv.io.checksum import ALGORITHMS, file_digest, recorded_checksum
@@ -81,8 +81,8 @@ def _scan(lay: _Layout, options: VerifyOptions, progress: Progress | None) -> _S
                             _scan_chunk(lay, entry, reader.read_bytes(entry, start, count), r0, findings)
             except OSError as exc:
                 findings.unreadable[file] = f"{file}: cannot read ({exc})"
-            except Exception as exc:  # TruncatedFileError from a file that shrank while being read
-                findings.unreadable[file] = f"{file}: {getattr(exc, 'message', exc)}"
+            except HeaderError as exc:  # cut short while being read, or no longer a regular file
+                findings.unreadable[file] = f"{file}: {exc.message}"
             done += file_size(path)
             if progress:
                 progress("scan", done, total)
