@@ -7,7 +7,6 @@ from typing import Iterator
 
 import numpy as np
 
-from ascendconv.ascendv1 import SINGLE_SHARD_NAME
 from ascendconv.formats import elements, mx
 from ascendconv.formats.constants import E2M1, E4M3, FLOAT, GROUP_SIZE, W4A8_MXFP, W8A8_MXFP8
 from ascendconv.io.package import Package
@@ -43,30 +42,19 @@ class _Module:
 
 
 class _Layout:
-    """Which shards the package is made of, and the tensors they hold (stray files excluded)."""
+    """Which shards the package is made of, the tensors they hold (stray files excluded) and its
+    linears, as the checks need them."""
 
     def __init__(self, pkg: Package):
+        # the shard bookkeeping is Package's, the one reader inspect uses too, so the two agree
         self.pkg = pkg
         self.root = pkg.root
-        present = sorted(p.name for p in pkg.root.glob("*.safetensors"))
         self.index = pkg.index
-        if pkg.index is not None:
-            self.expected = sorted(set(pkg.weight_map.values()))
-        else:
-            self.expected = [SINGLE_SHARD_NAME]
-        self.present = present
-        self.missing = [f for f in self.expected if f not in present]
-        self.strays = [f for f in present if f not in self.expected]
-        self.headers: dict[str, SafetensorsHeader] = {f: pkg.headers[f] for f in self.expected if f in pkg.headers}
-        self.broken: dict[str, str] = {f: pkg.broken_shards[f] for f in self.expected if f in pkg.broken_shards}
-        self.tensors: dict[str, TensorEntry] = {}
-        self.duplicates: list[tuple[str, str, str]] = []
-        for file in sorted(self.headers):
-            for name, entry in self.headers[file].tensors.items():
-                if name in self.tensors:
-                    self.duplicates.append((name, file, self.tensors[name].path.name))
-                else:
-                    self.tensors[name] = entry
+        self.expected, self.present, self.missing, self.strays = pkg.expected, pkg.present, pkg.missing, pkg.strays
+        self.headers: dict[str, SafetensorsHeader] = pkg.headers
+        self.broken: dict[str, str] = pkg.broken_shards
+        self.tensors: dict[str, TensorEntry] = pkg.tensors
+        self.duplicates: list[tuple[str, str, str]] = pkg.duplicates
         self.rules = rules_for(pkg.config)  # the model family's routed-expert naming and packed groups
         self.description = {k: v for k, v in pkg.description.items()}
         self.modules: dict[str, _Module] = {}
