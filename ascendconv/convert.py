@@ -32,9 +32,10 @@ from ascendconv.io.files import file_size
 from ascendconv.io.output import check_free_space, check_output_path, output_errors, space_needed
 from ascendconv.io.safetensors import ShardWriter, TensorEntry, nonfinite_count
 from ascendconv.io.source import Fp8Linear, SourceCheckpoint, find_quantization_config
+from ascendconv.options import KERNELS, ConvertOptions
 from ascendconv.parts import PART_MANIFEST_NAME, part_shards, write_part_manifest
-from ascendconv.ascendv1 import DEFAULT_MAX_SHARD_SIZE, DESCRIPTION_NAME, INDEX_NAME, PROVENANCE_NAME
-from ascendconv.plan import Deployment, OutputKind, OutputTensor, Override, Plan, Planner
+from ascendconv.ascendv1 import DESCRIPTION_NAME, INDEX_NAME, PROVENANCE_NAME
+from ascendconv.plan import Deployment, OutputKind, OutputTensor, Plan, Planner
 from ascendconv.resume import (
     LEDGER_NAME,
     Ledger,
@@ -48,7 +49,6 @@ from ascendconv.resume import (
 if TYPE_CHECKING:
     import numpy as np
 
-KERNELS = ("numba", "reference")
 CHUNK_ELEMENTS = {"numba": 16 * 2**20, "reference": 4 * 2**20}  # source elements per work item
 COPY_CHUNK_BYTES = 16 * 2**20  # bytes per work item of a tensor copied as it is
 PREFETCH_ITEMS = 3  # chunks the reader may hold ahead of the workers
@@ -56,25 +56,6 @@ SHARD_METADATA = {"format": "pt"}  # what torch-saved safetensors carry; loaders
 
 Progress = Callable[[int, int], None]  # (source bytes done, source bytes total)
 Notice = Callable[[str], None]  # a one-line message for the user (the CLI prints it on stderr)
-
-
-@dataclass
-class ConvertOptions:
-    scheme: str = "w8a8-mxfp8"
-    scale_rule: str = "mse"
-    resolve_dtype: str = "bf16"
-    overrides: list[Override] = field(default_factory=list)
-    max_shard_size: int = DEFAULT_MAX_SHARD_SIZE
-    kernel: str = "numba"
-    workers: int = 0  # 0: the machine's cores
-    overwrite: bool = False
-    resume: bool = False  # keep staging on failure; reuse the finished shards of a kept one
-    part: tuple[int, int] | None = None  # (I, N): write only part I of N (see parts.py)
-    deployment: Deployment = field(default_factory=Deployment)  # --tp, --ep, --shared-experts-as-routed
-
-    def __post_init__(self) -> None:
-        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 0:
-            raise BadOptionError(f"--workers {self.workers}: must be 0 (every core) or a positive number")
 
 
 @dataclass

@@ -28,7 +28,17 @@ from ascendconv.io.safetensors import TensorEntry, TensorSpec
 from ascendconv.io.source import Fp8Linear
 from ascendconv.models import ModelRules, rules_for, tp_role
 
-SCHEMES = ("w8a8-mxfp8", "w4a8-mxfp", "w4a8-mxfp-moe")
+
+
+class Scheme(str, Enum):
+    """What convert writes: W8A8 everywhere, W4A8 everywhere, or W4A8 experts and W8A8 the rest."""
+
+    W8A8_MXFP8 = "w8a8-mxfp8"
+    W4A8_MXFP = "w4a8-mxfp"
+    W4A8_MXFP_MOE = "w4a8-mxfp-moe"
+
+
+SCHEMES = tuple(scheme.value for scheme in Scheme)
 SCHEME_REASONS = {scheme: f"scheme {scheme}" for scheme in SCHEMES}
 RESOLVE_DTYPES = ("bf16", "fp32")
 

@@ -14,7 +14,9 @@ from rich.console import Console
 from safetensors import safe_open
 from typer.testing import CliRunner
 
-from ascendconv.cli import app, elide_middle, render_inspect
+from ascendconv.cli import app
+from ascendconv.cli.render.inspect import render_inspect
+from ascendconv.cli.render.tables import elide_middle
 from ascendconv.convert import ConvertOptions, plan_for
 from ascendconv.errors import (
     MissingScaleError,
@@ -68,7 +70,8 @@ def library_counts(root: Path) -> tuple[dict[str, int], dict[str, int]]:
 
 
 def render(report, width: int = 80) -> list[str]:
-    console = Console(width=width, record=True, color_system=None)
+    """The report as a terminal `width` columns wide shows it (uncoloured)."""
+    console = Console(width=width, record=True, color_system=None, force_terminal=True)
     render_inspect(report, console)
     return console.export_text().splitlines()
 
@@ -597,8 +600,9 @@ def test_a_thousand_shards(tmp_path, capsys):
     assert all(not e.fallbacks for e in report.schemes.values())
     lines = render(report)
     assert max(len(line) for line in lines) <= 80 and "1000 shards" in "\n".join(lines)
-    result = invoke(root, "--tensors")
-    assert result.exit_code == 0 and max(len(line) for line in result.stdout.splitlines()) <= 80
+    result = invoke(root, "--tensors")  # a pipe: every tensor name whole, one row each
+    names = [line.split()[0] for line in result.stdout.splitlines()[4:3004]]
+    assert result.exit_code == 0 and names == [t.name for t in inspect_path(root, tensors="*").tensors]
     assert result.stdout.splitlines()[-3:] == [
         "shards are numbered 1..1000 in name order:",
         "shard 1 = model-00001-of-01000.safetensors",

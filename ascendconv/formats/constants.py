@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 # MX groups are 32 consecutive values of one row along K (contract section 4; OCP MX block size).
 GROUP_SIZE = 32
@@ -35,8 +36,25 @@ E4M3 = ElementFormat(name="e4m3", max_value=448.0, emax=8, mantissa_bits=3, bits
 # OCP float4_e2m1fn: max 6 = 1.5 * 2**2 (contract section 4: emax 2, max 6).
 E2M1 = ElementFormat(name="e2m1", max_value=6.0, emax=2, mantissa_bits=1, bits=4)
 
-# Shared-exponent rules of contract section 4.
-SCALE_RULES = ("floor", "rceil", "mse")
+
+
+class ScaleRule(str, Enum):
+    """Shared-exponent rules of contract section 4 (str-valued: a member equals its name string)."""
+
+    FLOOR = "floor"
+    RCEIL = "rceil"
+    MSE = "mse"
+
+
+SCALE_RULES = tuple(rule.value for rule in ScaleRule)
+
+
+class ResolveDtype(str, Enum):
+    """What a source tile is resolved to before requantization: bf16 (as vllm-ascend does) or fp32."""
+
+    BF16 = "bf16"
+    FP32 = "fp32"
+
 
 # Quant type strings of quant_model_description.json (contract section 3 table; "W4A8_MXFP", not "...MXFP4").
 W8A8_MXFP8 = "W8A8_MXFP8"

@@ -1,0 +1,15 @@
+"""The two consoles every command writes to, and the library's one-line notices."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape
+
+out = Console()
+err = Console(stderr=True)
+
+
+def notice(text: str) -> None:
+    """A library message for the user (e.g. the kernels' first compilation), on stderr even with
+    --quiet or --json: it explains a pause that happens once."""
+    err.print(f"[dim]{escape(text)}[/]", highlight=False, soft_wrap=True)

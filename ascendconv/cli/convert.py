@@ -1,0 +1,131 @@
+"""`ascendconv convert`: a block-FP8 checkpoint in, an AscendV1 package out (or its plan)."""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+from typing import Annotated, Callable, List, Optional
+
+import typer
+
+from ascendconv.cli import app, print_json, run
+from ascendconv.cli.console import err, notice, out
+from ascendconv.cli.options import (
+    AsJson,
+    Ep,
+    KernelChoice,
+    NewPackage,
+    Overwrite,
+    Quiet,
+    ResolveDtypeChoice,
+    ScaleRuleChoice,
+    SchemeChoice,
+    SharedAsRouted,
+    Tp,
+    Workers,
+    size_text,
+)
+from ascendconv.cli.progress import byte_progress
+from ascendconv.formats.constants import ResolveDtype, ScaleRule
+from ascendconv.options import ConvertOptions, KernelName
+from ascendconv.plan import Deployment, Scheme
+
+
+@app.command()
+def convert(
+    src: Annotated[str, typer.Argument(metavar="SRC", help="Source checkpoint directory (or a repo id in the local HF cache).")],
+    out_dir: NewPackage,
+    scheme: SchemeChoice = Scheme(ConvertOptions.scheme),
+    scale_rule: ScaleRuleChoice = ScaleRule(ConvertOptions.scale_rule),
+    resolve_dtype: ResolveDtypeChoice = ResolveDtype(ConvertOptions.resolve_dtype),
+    override: Annotated[
+        Optional[List[str]], typer.Option(help="GLOB=TYPE on module names; repeatable, later wins.")
+    ] = None,
+    max_shard_size: Annotated[
+        str, typer.Option(help="Shard size limit, e.g. 500MB, 2GiB; 0 for one file.")
+    ] = size_text(ConvertOptions.max_shard_size),
+    kernel: KernelChoice = KernelName(ConvertOptions.kernel),
+    workers: Workers = ConvertOptions.workers,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the plan and write nothing.")] = False,
+    as_json: AsJson = False,
+    overwrite: Overwrite = ConvertOptions.overwrite,
+    quiet: Quiet = False,
+    resume: Annotated[
+        bool,
+        typer.Option("--resume", help="Keep finished shards if the run stops; reuse those an earlier --resume run kept."),
+    ] = ConvertOptions.resume,
+    part: Annotated[
+        Optional[str],
+        typer.Option(
+            metavar="I/N", help="Write only part I of N into OUT (a part directory); join parts with `assemble`."
+        ),
+    ] = None,
+    ray: Annotated[bool, typer.Option("--ray", help="Convert the parts as Ray tasks (local Ray, or --ray-address).")] = False,
+    ray_address: Annotated[
+        Optional[str], typer.Option(help="Ray cluster to join, e.g. auto or ray://head:10001 (implies --ray).")
+    ] = None,
+    ray_parts: Annotated[int, typer.Option(help="Parts under --ray; 0: one per task slot, at most one per shard.")] = 0,
+    ray_cpus: Annotated[int, typer.Option(help="CPUs per Ray task (its conversion threads).")] = 2,
+    ray_retries: Annotated[int, typer.Option(help="Retries of a failed Ray task; each reuses the shards it finished.")] = 2,
+    tp: Tp = Deployment.tp,
+    ep: Ep = Deployment.ep,
+    shared_experts_as_routed: SharedAsRouted = Deployment.shared_experts_as_routed,
+) -> None:
+    """Convert a block-FP8 checkpoint into an AscendV1 W8A8_MXFP8 / W4A8_MXFP package.
+
+    --quiet prints no table; --json prints one object.
+    """
+    from ascendconv.cli.render.convert import render_convert
+    from ascendconv.convert import convert as run_convert
+    from ascendconv.io.hfcache import resolve_source
+    from ascendconv.parts import parse_part
+    from ascendconv.plan import Override, parse_size
+
+    # A one-shot process: every full collection would walk the objects numba and numpy created at
+    # import, for nothing. Move them out of the collector's way (this also spares the final
+    # collection at exit); a library caller keeps its own collector untouched.
+    gc.freeze()
+
+    def action():
+        options = ConvertOptions(
+            scheme=scheme.value,
+            scale_rule=scale_rule.value,
+            resolve_dtype=resolve_dtype.value,
+            overrides=[Override.parse(o) for o in override or []],
+            max_shard_size=parse_size(max_shard_size),
+            kernel=kernel.value,
+            workers=workers,
+            overwrite=overwrite,
+            resume=resume,
+            part=parse_part(part) if part is not None else None,
+            deployment=Deployment(tp, ep, shared_experts_as_routed),
+        )
+        runner = run_convert
+        if (ray or ray_address) and not dry_run:
+            runner = ray_runner(options, ray_address, ray_parts, ray_cpus, ray_retries)
+        bar, progress = byte_progress(not quiet and not dry_run and err.is_terminal, "converting")
+        if bar is None:
+            return runner(resolve_source(src), out_dir, options, None, dry_run, notice)
+        with bar:
+            return runner(resolve_source(src), out_dir, options, progress, dry_run, notice)
+
+    result = run(action, as_json)
+    if as_json:
+        print_json(result)
+    elif not quiet:
+        render_convert(result, out, err)
+
+
+def ray_runner(options: ConvertOptions, address: Optional[str], parts: int, cpus: int, retries: int) -> Callable:
+    """convert's stand-in under --ray: the same call, run as Ray tasks."""
+    from ascendconv.cluster import RayOptions, convert_on_ray, import_ray
+    from ascendconv.errors import BadOptionError
+
+    if options.part or options.resume:
+        raise BadOptionError(
+            "--ray runs every part itself and cannot be combined with --part or --resume",
+            "under --ray a failed task is retried and reuses the shards it finished (--ray-retries)",
+        )
+    import_ray()  # fails at once, with how to install it
+    ray_options = RayOptions(address=address, parts=parts, cpus_per_task=cpus, max_retries=retries)
+    return lambda src, out, options, progress, dry_run, notice: convert_on_ray(src, out, options, ray_options, progress)

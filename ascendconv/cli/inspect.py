@@ -1,0 +1,46 @@
+"""`ascendconv inspect`: what a checkpoint or a package holds, from headers only."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from ascendconv.cli import app, print_json, run
+from ascendconv.cli.console import out
+from ascendconv.cli.options import AsJson, Ep, SharedAsRouted, Tp
+from ascendconv.plan import Deployment
+
+
+@app.command("inspect")
+def inspect_command(
+    src: Annotated[
+        str, typer.Argument(metavar="PATH", help="A checkpoint or package directory, or a repo id in the local HF cache.")
+    ],
+    tensors: Annotated[
+        bool, typer.Option("--tensors", help="List tensors: name, dtype, shape, quant type, shard, bytes.")
+    ] = False,
+    tensor_filter: Annotated[
+        Optional[str],
+        typer.Option(
+            "--filter", metavar="GLOB", help="Only tensors whose name matches GLOB, e.g. '*.experts.0.*' (implies --tensors)."
+        ),
+    ] = None,
+    as_json: AsJson = False,
+    tp: Tp = Deployment.tp,
+    ep: Ep = Deployment.ep,
+    shared_experts_as_routed: SharedAsRouted = Deployment.shared_experts_as_routed,
+) -> None:
+    """Show what a checkpoint or a package holds, from headers only (no tensor data is read).
+
+    --json prints the object docs/inspect.md describes.
+    """
+    from ascendconv.cli.render.inspect import render_inspect
+    from ascendconv.inspect import inspect_path
+
+    glob = tensor_filter if tensor_filter is not None else ("*" if tensors else None)
+    report = run(lambda: inspect_path(src, tensors=glob, deployment=Deployment(tp, ep, shared_experts_as_routed)), as_json)
+    if as_json:
+        print_json(report)
+    else:
+        render_inspect(report, out)

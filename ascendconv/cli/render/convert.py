@@ -1,0 +1,75 @@
+"""convert's and assemble's human output: what became what, the shards, the fallbacks, the totals."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.text import Text
+
+from ascendconv.cli.render.tables import human_bytes, plural, print_table, section, types_cell
+
+
+def render_convert(result, out: Console, err: Console) -> None:
+    """What became what (module groups), shards when planning, fallbacks, and the totals."""
+    plan = result.plan
+    head = "plan (dry run, nothing written)" if result.dry_run else f"wrote {result.output}"
+    if result.part:
+        head += f" (part {result.part[0]} of {result.part[1]}: {plural(len(result.shard_checksums), 'shard')})"
+    out.print(Text(head, style="bold"))
+    if result.reused_shards:
+        out.print(f"resumed: {plural(len(result.reused_shards), 'finished shard')} reused, the rest converted")
+    deployment = plan.deployment
+    if deployment.tp > 1 or deployment.ep or deployment.shared_experts_as_routed:
+        out.print(Text(
+            f"planned for --tp {deployment.tp}" + (" --ep" if deployment.ep else "")
+            + (" --shared-experts-as-routed" if deployment.shared_experts_as_routed else ""),
+        ))
+    for warning in plan.warnings:
+        err.print(Text(f"warning: {warning}", style="yellow"))
+    rows = [[pattern, str(sum(types.values())), types_cell(types)] for pattern, types in plan.module_groups().items()]
+    section(out, "FP8 linears, by module (layer and expert numbers as *)")
+    print_table(out, ["module", "n", "written as"], rows, right=(1,))
+    if result.dry_run:
+        section(out, f"shards (limit {human_bytes(plan.max_shard_size) if plan.max_shard_size else 'none'})")
+        rows = [[s.file, str(len(s.tensors)), human_bytes(s.nbytes)] for s in plan.shards]
+        print_table(out, ["file", "tensors", "bytes"], rows, right=(1, 2))
+    kept = plan.kept_float()
+    if kept:
+        section(out, "kept FLOAT by the model's rules")
+        print_table(out, ["modules", "reason"], [[str(n), why] for why, n in kept.items()], right=(0,), wrap=1)
+    if plan.fallbacks:
+        section(out, f"{plural(len(plan.fallbacks), 'fallback')}")
+        print_table(out, ["module", "n", "type", "reason"], fallback_rows(plan.fallbacks), right=(1,), wrap=3)
+    counts = ", ".join(f"{n} {t}" for t, n in plan.tensor_counts().items() if n)
+    bytes_out = plan.bytes_out if result.dry_run else result.bytes_written
+    out.print()
+    out.print(
+        f"{plan.scheme}, rule {plan.scale_rule}, resolve {plan.resolve_dtype}, kernel {result.kernel}: "
+        f"{len(plan.tensors)} tensors ({counts}); {human_bytes(plan.bytes_in)} in, {human_bytes(bytes_out)} out "
+        f"in {plural(len(plan.shards), 'shard')}; {result.seconds:.2f} s",
+        highlight=False,
+    )
+
+
+def fallback_rows(fallbacks) -> list[list[str]]:
+    """One row per (module pattern, requested, written, reason with numbers as *)."""
+    from ascendconv.plan import module_pattern
+
+    merged: dict[tuple, list] = {}
+    for fb in fallbacks:
+        merged.setdefault((module_pattern(fb.module), fb.requested, fb.written, module_pattern(fb.reason)), []).append(fb)
+    rows = []
+    for (pattern, requested, written, reason), members in merged.items():
+        one = len(members) == 1
+        rows.append(
+            [members[0].module if one else pattern, str(len(members)), f"{requested}\n→ {written}", members[0].reason if one else reason]
+        )
+    return rows
+
+
+def render_assemble(result, out: Console) -> None:
+    out.print(
+        f"wrote {result.output}: {plural(result.shards, 'shard')} from {plural(result.parts, 'part')} "
+        f"({result.linked} linked, {result.shards - result.linked} copied), {human_bytes(result.bytes_written)} "
+        f"in {result.seconds:.2f} s",
+        highlight=False,
+    )

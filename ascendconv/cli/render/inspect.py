@@ -1,0 +1,232 @@
+"""inspect's human output: the summary of a checkpoint or a package, or its tensor list."""
+
+from __future__ import annotations
+
+from rich.cells import cell_len
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from ascendconv.cli.render.convert import fallback_rows
+from ascendconv.cli.render.tables import MAX_LISTED, elide_middle, human_bytes, plural, print_table, section, types_cell
+
+
+def render_inspect(report, console: Console) -> None:
+    """Print an InspectReport: the summary, or the tensor table when the report lists tensors."""
+    if report.tensors is not None:
+        _render_tensor_list(report, console)
+    else:
+        _render_inspect_summary(report, console)
+
+
+def _render_inspect_summary(report, console: Console) -> None:
+    from ascendconv.inspect import KIND_PLAIN
+
+    head = Text()
+    head.append(report.path.name or str(report.path), style="bold")
+    head.append(f"  {report.label}")
+    console.print(head)
+
+    model = report.model
+    facts = [
+        ("path", str(report.path)),
+        (
+            "model",
+            f"{model['model_type'] or '(no model_type)'}, {', '.join(model['architectures']) or '(no architectures)'}",
+        ),
+    ]
+    quant = report.quantization
+    if quant is not None:
+        bn, bk = quant["weight_block_size"]
+        scales = "/".join(quant["scale_dtypes"]) or "no"
+        text = f"{quant['quant_method']} {quant['fmt']}, block {bn}x{bk}, {scales} scales"
+        if quant["scale_fmt"]:
+            text += f" ({quant['scale_fmt']})"
+        text += f", {quant['activation_scheme']} activations"
+        if quant["location"] != "quantization_config":
+            text += f" (in {quant['location']})"
+        facts.append(("quantization", text))
+        skipped = quant["modules_to_not_convert"]
+        listed = ", ".join(skipped[:MAX_LISTED]) + (f", … and {len(skipped) - MAX_LISTED} more" if len(skipped) > MAX_LISTED else "")
+        facts.append(("unquantized", f"{len(skipped)}: {listed}" if skipped else "none listed"))
+    package = report.package
+    if package is not None:
+        facts.append(
+            (
+                "model_quant_type",
+                f"{package['model_quant_type']} (version {package['version']}, group_size {package['group_size']})",
+            )
+        )
+        prov = package["provenance"]
+        if prov is None:
+            facts.append(("provenance", "none (not written by ascendconv)"))
+        else:
+            facts.append(("converted by", f"{prov['tool']} {prov['version']} from {prov['source']}"))
+            facts.append(
+                (
+                    "scheme",
+                    f"{prov['scheme']}, rule {prov['scale_rule']}, resolve {prov['resolve_dtype']}, "
+                    f"{plural(prov['fallbacks'], 'fallback')}",
+                )
+            )
+    index = "with index" if report.index else "no index"
+    facts.append(("files", f"{plural(len(report.shards), 'shard')}, {human_bytes(report.total_bytes)}, {index}"))
+    text = f"{report.tensor_count} ({human_bytes(report.tensor_bytes)} of data)"
+    if quant is not None:
+        text += f", {report.fp8_linears} FP8 linears"
+    facts.append(("tensors", text))
+    text = plural(report.layers, "layer")
+    if model["num_hidden_layers"] is not None and model["num_hidden_layers"] != report.layers:
+        text += f" ({model['num_hidden_layers']} in config)"
+    if report.routed_experts:
+        text += f", {report.routed_experts} routed experts in {plural(report.moe_layers, 'MoE layer')}"
+    else:
+        text += ", no routed experts"
+    if report.shared_expert_layers:
+        text += f", shared experts in {report.shared_expert_layers}"
+    if report.indexer_layers:
+        text += f", indexers in {report.indexer_layers}"
+    if report.mtp_layers:
+        text += f", MTP: {', '.join(report.mtp_layers)}"
+    facts.append(("structure", text))
+    facts.append(("rules", report.family))
+    if report.deployment is not None:
+        deployment = report.deployment
+        text = f"--tp {deployment['tp']}" + (" --ep" if deployment["ep"] else "")
+        if deployment["shared_experts_as_routed"]:
+            text += " --shared-experts-as-routed"
+        facts.append(("planned for", text))
+    if report.kind == KIND_PLAIN:
+        facts.append(("convert", "not possible: no block-FP8 quantization_config"))
+    label_width = max(cell_len(label) for label, _ in facts)
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(no_wrap=True)
+    grid.add_column()  # sentences wrap at word boundaries, under their own column
+    for label, value in facts:
+        if label == "path":  # a name: elided, never wrapped
+            value = elide_middle(value, console.width - label_width - 2)
+        grid.add_row(Text(label, style="dim"), Text(value))
+    console.print(grid)
+    for warning in report.warnings:
+        console.print(Text(f"warning: {warning}", style="yellow"))
+
+    for title, table, key in (("tensors by dtype", report.by_dtype, "dtype"), ("tensors by quant type", report.by_quant_type, "quant type")):
+        section(console, title)
+        rows = [[name, str(cb.tensors), human_bytes(cb.bytes)] for name, cb in table.items()]
+        print_table(console, [key, "tensors", "bytes"], rows, right=(1, 2), elide=None)
+
+    if report.schemes is not None:
+        _render_scheme_estimates(report, console)
+    if report.groups:
+        section(console, "module groups (layer and expert numbers as *)")
+        if report.schemes is not None:
+            schemes = list(report.schemes)
+            headers = ["module", "n", *schemes]
+            rows = [[g.pattern, str(g.modules), *(types_cell(g.schemes[s]) for s in schemes)] for g in report.groups]
+        elif package is not None:
+            headers = ["module", "n", "type", "dtype"]
+            rows = [[g.pattern, str(g.modules), types_cell(g.types), types_cell(g.dtypes)] for g in report.groups]
+        else:
+            headers = ["module", "n", "dtype"]
+            rows = [[g.pattern, str(g.modules), types_cell(g.dtypes)] for g in report.groups]
+        print_table(console, headers, rows, right=(1,))
+    if report.schemes is not None:
+        _render_fallbacks(report, console)
+        _render_runtime(report, console)
+    if package is not None:
+        _render_package_files(report, console)
+
+
+def _render_scheme_estimates(report, console: Console) -> None:
+    from ascendconv.ascendv1 import QUANT_TYPES
+
+    section(console, "what convert would write, per --scheme (default options)")
+    estimates = list(report.schemes.values())
+    rows = [[f"{t} modules", *(str(e.modules[t]) for e in estimates)] for t in QUANT_TYPES]
+    rows.append(["fallbacks", *(str(len(e.fallbacks)) for e in estimates)])
+    rows.append(["model_quant_type", *(e.model_quant_type for e in estimates)])
+    rows.append(["tensor bytes", *(human_bytes(e.bytes_out) for e in estimates)])
+    rows.append(["shards (4 GiB)", *(str(e.shards) for e in estimates)])
+    headers = ["", *(e.scheme for e in estimates)]
+    print_table(console, headers, rows, right=tuple(range(1, len(headers))), elide=None)
+
+
+def _render_fallbacks(report, console: Console) -> None:
+
+    any_fallback = False
+    for scheme, estimate in report.schemes.items():
+        if not estimate.fallbacks:
+            continue
+        any_fallback = True
+        section(console, f"fallbacks under {scheme}: {plural(len(estimate.fallbacks), 'module')}")
+        rows = fallback_rows(estimate.fallbacks)
+        print_table(console, ["module", "n", "type", "reason"], rows, right=(1,), wrap=3)
+    if not any_fallback:
+        console.print(Text("no fallbacks under any scheme", style="dim"))
+
+
+def _render_runtime(report, console: Console) -> None:
+    section(console, "what vllm-ascend will run, per --scheme")
+    for scheme, estimate in report.schemes.items():
+        console.print(Text(scheme, style="bold"))
+        notes = Table.grid(padding=(0, 1))
+        notes.add_column(no_wrap=True)
+        notes.add_column()  # a note wraps under itself
+        for note in estimate.runtime:
+            notes.add_row("  -", Text(note))
+        console.print(notes)
+
+
+def _render_package_files(report, console: Console) -> None:
+    section(console, f"shards ({len(report.shards)})")
+    shown = report.shards if len(report.shards) <= MAX_LISTED else report.shards[: MAX_LISTED - 1]
+    rows = [[s.file, "unreadable" if s.tensors is None else str(s.tensors), human_bytes(s.bytes)] for s in shown]
+    if len(shown) < len(report.shards):
+        rows.append([f"… and {len(report.shards) - len(shown)} more", "", ""])
+    print_table(console, ["file", "tensors", "bytes"], rows, right=(1, 2))
+    if report.problems:
+        section(console, f"{plural(len(report.problems), 'disagreement')} (`ascendconv verify` checks everything)")
+        listing = Table.grid(padding=(0, 1))
+        listing.add_column(no_wrap=True)
+        listing.add_column()  # a long message wraps under itself
+        for problem in report.problems[:MAX_LISTED]:
+            listing.add_row("-", Text(problem, style="yellow"))
+        console.print(listing)
+        if len(report.problems) > MAX_LISTED:
+            console.print(Text(f"… and {len(report.problems) - MAX_LISTED} more (see --json)", style="yellow"))
+    else:
+        console.print(Text("description, index and shards agree", style="dim"))
+
+
+def _render_tensor_list(report, console: Console) -> None:
+    numbers = {s.file: i + 1 for i, s in enumerate(report.shards)}
+    head = Text()
+    head.append(report.path.name or str(report.path), style="bold")
+    head.append(f"  {report.label}")
+    console.print(head)
+    console.print(
+        Text(
+            f"{len(report.tensors)} of {plural(report.tensor_count, 'tensor')} match "
+            + elide_middle(repr(report.tensor_filter), console.width // 2)
+        )
+    )
+    rows = [
+        [
+            t.name,
+            t.dtype,
+            "×".join(map(str, t.shape)) or "scalar",
+            t.quant_type or "(undescribed)",
+            str(numbers.get(t.shard, "?")),
+            human_bytes(t.bytes),
+        ]
+        for t in report.tensors
+    ]
+    headers = ["name", "dtype", "shape", "quant type", "shard", "bytes"]
+    print_table(console, headers, rows, right=(4, 5), gap=1)
+    listed = list(numbers.items())
+    if len(listed) > 3:
+        console.print(Text(f"shards are numbered 1..{len(listed)} in name order:", style="dim"))
+        listed = [listed[0], listed[-1]]
+    for file, number in listed:
+        label = f"shard {number} = "
+        console.print(Text(label + elide_middle(file, console.width - len(label)), style="dim"))

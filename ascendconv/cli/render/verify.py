@@ -1,0 +1,73 @@
+"""verify's human output: the checks, the problems of failed ones, the worst tensors, MoE and NPU."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape
+
+from ascendconv.cli.render.tables import print_table, section
+
+
+def _db(x) -> str:
+    if x is None or x != x:
+        return "nan"
+    return "exact" if x == float("inf") else f"{x:.1f}"
+
+
+def _yes(ok: bool) -> str:
+    return "yes" if ok else "NO"
+
+
+def render_verify(report, out: Console, top: int = 10, quiet: bool = False) -> None:
+    """Print a VerifyReport: the checks, the problems of failed ones, the worst tensors, MoE and NPU."""
+    prov = report.provenance
+    if not quiet:
+        origin = (
+            f"ascendconv {prov.get('version')}, {prov.get('scheme')}, rule {prov.get('scale_rule')}, "
+            f"resolve {prov.get('resolve_dtype')}, kernel {prov.get('kernel')}"
+            if prov
+            else "no provenance"
+        )
+        out.print(f"[bold]verify[/] {escape(str(report.package))}  [dim]({escape(origin)})[/]", highlight=False)
+        rows = [[c.name, "FAIL" if not c.ok else ("skip" if c.skipped else "pass"), c.detail] for c in report.checks]
+        print_table(out, ["check", "result", "detail"], rows, elide=None, wrap=2)
+    for check in report.failed:
+        out.print(f"[bold red]{check.name}[/]: {len(check.problems)} problem(s)", highlight=False)
+        for problem in check.problems[:8]:
+            out.print(f"  - {escape(problem)}", highlight=False)
+        if len(check.problems) > 8:
+            out.print(f"  … and {len(check.problems) - 8} more (see --json)")
+        if check.hint:
+            out.print(f"  [dim]hint:[/] {escape(check.hint)}", highlight=False)
+    if report.tensors and not quiet:
+        section(out, f"worst {min(top, len(report.tensors))} of {len(report.tensors)} weights")
+        rows = [
+            [t.name, t.type, _db(t.sqnr_db), f"{t.rel_err:.4f}", f"{t.max_abs:.3g}", f"{t.saturated:.2%}", _yes(t.ok)]
+            for t in report.tensors[:top]
+        ]
+        headers = ["tensor", "type", "SQNR dB", "rel err", "max abs", "saturated", "ok"]
+        print_table(out, headers, rows, right=(2, 3, 4, 5))
+    if report.moe and not quiet:
+        section(out, "MoE layers: GroupedMatmulSituQuant chain, package vs source experts")
+        rows = [
+            [m.layer, m.type, f"{m.experts_used}/{m.experts}", str(m.tokens), f"{m.rel_err_situ:.4f}",
+             f"{m.rel_err:.4f}", f"{m.max_rel_err:g}", _yes(m.ok)]
+            for m in report.moe
+        ]
+        headers = ["layer", "type", "experts", "tokens", "SiTU err", "out err", "limit", "ok"]
+        print_table(out, headers, rows, right=(2, 3, 4, 5, 6))
+    if report.npu and not quiet:
+        section(out, "GroupedMatmulSituQuant on the NPU vs the CPU reference")
+        rows = [
+            [r.layer, str(r.experts_used), str(r.tokens), f"{r.rel_err:.4f}", f"{r.codes_equal:.2%}",
+             f"{r.scales_equal:.2%}", f"{r.tol:g}", _yes(r.ok)]
+            for r in report.npu
+        ]
+        headers = ["layer", "experts", "tokens", "rel err", "codes eq", "scales eq", "tol", "ok"]
+        print_table(out, headers, rows, right=(1, 2, 3, 4, 5, 6))
+    passed = sum(1 for c in report.checks if c.ok and not c.skipped)
+    if report.ok:
+        out.print(f"[bold green]OK[/]: {passed} check(s) passed ({report.seconds:.2f} s)", highlight=False)
+    else:
+        names = ", ".join(c.name for c in report.failed)
+        out.print(f"[bold red]FAILED[/]: {len(report.failed)} check(s) failed: {names}", highlight=False)
