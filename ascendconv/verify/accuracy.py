@@ -13,7 +13,7 @@ from typing import Iterator
 
 import numpy as np
 
-from ascendconv.ascendv1 import PROVENANCE_NAME
+from ascendconv.ascendv1 import PROVENANCE_NAME, Provenance
 from ascendconv.errors import HeaderError, NonFiniteScaleError
 from ascendconv.formats import requantize, resolve
 from ascendconv.formats.constants import E2M1, E4M3, FLOAT, GROUP_SIZE, SCALE_RULES, W4A8_MXFP, W8A8_MXFP8
@@ -135,13 +135,13 @@ def _compare_source(
     from ascendconv.convert import source_fingerprint
 
     found = _SourceFindings()
-    prov = lay.pkg.provenance or {}
-    rule = prov.get("scale_rule") if prov.get("scale_rule") in SCALE_RULES else None
-    resolve_dtype = prov.get("resolve_dtype") if prov.get("resolve_dtype") in RESOLVE_DTYPES else "bf16"
+    prov = Provenance(lay.pkg.provenance or {})
+    rule = prov.scale_rule if prov.scale_rule in SCALE_RULES else None
+    resolve_dtype = prov.resolve_dtype if prov.resolve_dtype in RESOLVE_DTYPES else "bf16"
 
     # 1. is this the source the package was made from?
-    recorded = (prov.get("source") or {}).get("files") if isinstance(prov.get("source"), dict) else None
-    if isinstance(recorded, list):
+    recorded = prov.source_files
+    if recorded is not None:
         have = {h.path.name: (h.file_size, source_fingerprint(h.header_bytes, h.file_size)) for h in source.headers}
         want = {f.get("name"): (f.get("size"), f.get("fingerprint")) for f in recorded if isinstance(f, dict)}
         if set(have) != set(want):
@@ -454,8 +454,8 @@ def check_accuracy(found: _SourceFindings, options: VerifyOptions) -> Check:
 
 
 def check_exact(found: _SourceFindings, lay: _Layout, options: VerifyOptions) -> Check:
-    prov = lay.pkg.provenance or {}
-    if prov.get("scale_rule") not in SCALE_RULES:
+    prov = Provenance(lay.pkg.provenance or {})
+    if prov.scale_rule not in SCALE_RULES:
         return make_check("exact", [f"no scale rule recorded in {PROVENANCE_NAME}: the bytes cannot be re-derived"], "")
     if options.exact == "full" or options.sample >= 1.0:
         what = f"every row ({found.rows} rows)"
@@ -466,7 +466,7 @@ def check_exact(found: _SourceFindings, lay: _Layout, options: VerifyOptions) ->
         )
     detail = (
         f"{what} re-derived from the source with the compiled kernels equal the package bytes "
-        f"(rule {prov['scale_rule']}, resolve {prov.get('resolve_dtype')})"
+        f"(rule {prov.scale_rule}, resolve {prov.resolve_dtype})"
     )
     if options.exact == "sample":
         detail += f"; {found.exact_rows} sampled rows ({options.exact_rows} per weight) equal the numpy reference"

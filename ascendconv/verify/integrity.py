@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from ascendconv.ascendv1 import PROVENANCE_NAME
+from ascendconv.ascendv1 import PROVENANCE_NAME, Provenance
 from ascendconv.errors import HeaderError, shown
 from ascendconv.formats import requantize
 from ascendconv.formats.constants import E8M0_NAN, SCALE_RULES
@@ -57,7 +57,7 @@ def _scan(lay: _Layout, options: VerifyOptions, progress: Progress | None) -> _S
     records, which are counted again. A shard without a recorded
     checksum (`--no-checksums`, no provenance) or with a wrong one is scanned tensor by tensor."""
     findings = _ScanFindings()
-    findings.carried = recorded_nonfinite(lay.pkg.provenance)
+    findings.carried = Provenance(lay.pkg.provenance or {}).source_nonfinite
     files = [f for f in lay.expected if f in lay.present]
     total = sum(file_size(lay.root / f) for f in files)
     done = 0
@@ -123,14 +123,6 @@ def _scan_chunk(lay: _Layout, entry: TensorEntry, data: bytearray, row_start: in
             )
 
 
-def recorded_nonfinite(provenance: dict | None) -> dict[str, int]:
-    """FLOAT tensor -> NaN / Inf values convert carried from the source (provenance 'source_nonfinite')."""
-    recorded = (provenance or {}).get("source_nonfinite")
-    if not isinstance(recorded, dict):
-        return {}
-    return {k: v for k, v in recorded.items() if isinstance(v, int) and not isinstance(v, bool) and v > 0}
-
-
 def check_scales(findings: _ScanFindings) -> Check:
     return make_check("scales", findings.scales, findings.detail("no E8M0 scale byte is 255"))
 
@@ -183,7 +175,7 @@ def check_provenance(lay: _Layout) -> Check:
         for file in sorted(set(shards) - set(lay.expected)):
             problems.append(f"{PROVENANCE_NAME} records {file}, which is not a shard of the package")
     carried = prov.get("source_nonfinite", {})
-    if not isinstance(carried, dict) or len(recorded_nonfinite(prov)) != len(carried):
+    if not isinstance(carried, dict) or len(Provenance(prov).source_nonfinite) != len(carried):
         problems.append(f"{PROVENANCE_NAME}: source_nonfinite is {shown(carried)}, expected tensor names -> counts")
     if not isinstance(prov.get("fallbacks", []), list):
         problems.append(f"{PROVENANCE_NAME}: fallbacks is {shown(prov['fallbacks'])}, expected a list")
