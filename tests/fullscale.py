@@ -259,6 +259,10 @@ def qwen3_235b_a22b() -> Family:
     return _qwen3_moe("Qwen3-235B-A22B-FP8", 4096, 94, 64, 4, 128, 1536, 24)  # shard count assumed
 
 
+def qwen3_coder_480b() -> Family:
+    return _qwen3_moe("Qwen3-Coder-480B-A35B-FP8", 6144, 62, 96, 8, 160, 2560, 49)  # shard count assumed
+
+
 def qwen3_32b() -> Family:
     h, layers, inter = 5120, 64, 25600
     config = gqa_config(
@@ -359,6 +363,7 @@ FAMILIES: dict[str, Callable[[], Family]] = {
     "kimi-k2": kimi_k2,
     "qwen3-30b-a3b": qwen3_30b_a3b,
     "qwen3-235b-a22b": qwen3_235b_a22b,
+    "qwen3-coder-480b": qwen3_coder_480b,
     "qwen3-next-80b-a3b": qwen3_next_80b_a3b,
     "qwen3-32b": qwen3_32b,
     "minimax-m2": minimax_m2,

@@ -42,6 +42,7 @@ EXPECTED = {
     "kimi-k2": dict(float=61, moe_w8=61 * DS_ATTENTION + 3 + 60 * 3, moe_w4=60 * 384 * 3),
     "qwen3-30b-a3b": dict(float=0, moe_w8=48 * 4, moe_w4=48 * 128 * 3),
     "qwen3-235b-a22b": dict(float=0, moe_w8=94 * 4, moe_w4=94 * 128 * 3),
+    "qwen3-coder-480b": dict(float=0, moe_w8=62 * 4, moe_w4=62 * 160 * 3),
     # 12 full-attention layers (q/k/v/o) + 36 DeltaNet layers (in_proj_qkvz, out_proj), a shared
     # expert per layer; mtp.layers.0 (4 + 1536 + 3) FLOAT
     "qwen3-next-80b-a3b": dict(float=1543, moe_w8=12 * 4 + 36 * 2 + 48 * 3, moe_w4=48 * 512 * 3),
@@ -57,6 +58,7 @@ STRUCTURE = {  # layers, MoE layers (MTP included), routed experts, layers with 
     "kimi-k2": (61, 60, 384, 60, [], 0),
     "qwen3-30b-a3b": (48, 48, 128, 0, [], 0),
     "qwen3-235b-a22b": (94, 94, 128, 0, [], 0),
+    "qwen3-coder-480b": (62, 62, 160, 0, [], 0),
     "qwen3-next-80b-a3b": (48, 49, 512, 49, ["mtp"], 0),
     "qwen3-32b": (64, 0, 0, 0, [], 0),
     "minimax-m2": (62, 62, 256, 0, [], 0),
@@ -186,6 +188,7 @@ def test_deepseek_v32_indexer_wk_stays_float_and_wq_b_is_quantized(planner):
     [
         ("qwen3-30b-a3b", 8, "model.layers.5.mlp.experts.3.down_proj", "K/T = 768/8 = 96"),
         ("qwen3-235b-a22b", 16, "model.layers.5.mlp.experts.3.down_proj", "K/T = 1536/16 = 96"),
+        ("qwen3-coder-480b", 16, "model.layers.5.mlp.experts.3.down_proj", "K/T = 2560/16 = 160"),
         ("minimax-m2", 16, "model.layers.5.block_sparse_moe.experts.3.w2", "K/T = 1536/16 = 96"),
     ],
 )
