@@ -125,6 +125,11 @@ def _text(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def _text_field(key: str) -> property:
+    """A provenance field that should be a string: its value, or None."""
+    return property(lambda self: _text(self.raw.get(key)))
+
+
 @dataclass(frozen=True)
 class Provenance:
     """ascendconv_provenance.json as read back: every field typed, None where the file does not hold
@@ -135,29 +140,12 @@ class Provenance:
 
     raw: dict
 
-    @property
-    def tool(self) -> str | None:
-        return _text(self.raw.get("tool"))
-
-    @property
-    def version(self) -> str | None:
-        return _text(self.raw.get("version"))
-
-    @property
-    def scheme(self) -> str | None:
-        return _text(self.raw.get("scheme"))
-
-    @property
-    def scale_rule(self) -> str | None:
-        return _text(self.raw.get("scale_rule"))
-
-    @property
-    def resolve_dtype(self) -> str | None:
-        return _text(self.raw.get("resolve_dtype"))
-
-    @property
-    def kernel(self) -> str | None:
-        return _text(self.raw.get("kernel"))
+    tool = _text_field("tool")
+    version = _text_field("version")
+    scheme = _text_field("scheme")
+    scale_rule = _text_field("scale_rule")
+    resolve_dtype = _text_field("resolve_dtype")
+    kernel = _text_field("kernel")
 
     @property
     def source(self) -> dict:
