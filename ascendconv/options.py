@@ -1,16 +1,20 @@
-"""convert's options: the one place their defaults are written (the CLI reads them from here).
+"""convert's and verify's options: the one place their defaults are written (the CLI reads them
+from here).
 
-Kept apart from convert.py so the command line can show the defaults and choices in `--help`
-without importing the converter.
+Kept apart from convert.py and verify/ so the command line can show the defaults and choices in
+`--help` without importing the converter, the checks or numpy.
 """
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Callable
 
 from ascendconv.errors import BadOptionError
-from ascendconv.formats.constants import ResolveDtype, ScaleRule
+from ascendconv.formats.constants import FLOAT, W4A8_MXFP, W8A8_MXFP8, ResolveDtype, ScaleRule
 from ascendconv.ascendv1 import DEFAULT_MAX_SHARD_SIZE
 from ascendconv.plan import Deployment, Override, Scheme
 
@@ -42,3 +46,73 @@ class ConvertOptions:
     def __post_init__(self) -> None:
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 0:
             raise BadOptionError(f"--workers {self.workers}: must be 0 (every core) or a positive number")
+
+
+# --- verify --------------------------------------------------------------------------------------
+
+Notice = Callable[[str], None]  # a one-line message for the user (the kernels' first compilation)
+VerifyProgress = Callable[[str, int, int], None]  # (phase, done, total); phases: scan, source, moe, npu
+
+# Defaults of the numerical thresholds (see docs/verify.md for how they were chosen).
+DEFAULT_MIN_SQNR_MXFP8 = 25.0  # dB; real block-FP8 weights give about 30 dB (rel. L2 0.03)
+DEFAULT_MIN_SQNR_MXFP4 = 15.0  # dB; real weights give about 19 dB (rel. L2 0.115)
+DEFAULT_MAX_MOE_REL_ERR = {W4A8_MXFP: 0.30, W8A8_MXFP8: 0.10, FLOAT: 0.10}
+DEFAULT_NPU_TOL = 0.05
+MAX_MOE_TOKENS = 8192  # activations of (tokens, hidden) floats per sampled layer stay under a GB
+
+
+@dataclass
+class VerifyOptions:
+    tp: int = 1
+    ep: bool = False  # expert parallelism: routed experts are not split over the tp ranks
+    checksums: bool = True
+    source: str | os.PathLike | None = None
+    min_sqnr_mxfp8: float = DEFAULT_MIN_SQNR_MXFP8
+    min_sqnr_mxfp4: float = DEFAULT_MIN_SQNR_MXFP4
+    exact: str = "off"  # off | sample | full
+    exact_rows: int = 8  # rows per tensor when exact == "sample"
+    sample: float = 1.0  # share of each weight's tile rows --source re-derives (1: every row)
+    moe_check: bool = False
+    moe_layers: int = 2  # 0: every MoE layer
+    moe_tokens: int = 64
+    beta: float = 4.0
+    linear_beta: float = 25.0
+    max_moe_rel_err: float | None = None  # None: DEFAULT_MAX_MOE_REL_ERR by expert type
+    on_npu: bool = False
+    npu_tol: float = DEFAULT_NPU_TOL
+    seed: int = 0
+
+    def validate(self) -> None:
+        if self.tp < 1:
+            raise BadOptionError(f"--tp {self.tp}: the tensor-parallel size must be at least 1")
+        if self.exact not in ("off", "sample", "full"):
+            raise BadOptionError(f"exact={self.exact!r}: choose off, sample or full")
+        if self.exact_rows < 1:
+            raise BadOptionError("--exact-rows must be at least 1")
+        if not (isinstance(self.sample, (int, float)) and 0.0 < self.sample <= 1.0):
+            raise BadOptionError(f"--sample {self.sample}: choose a fraction in (0, 1]", "1 re-derives every row")
+        if self.sample < 1.0 and self.exact == "full":
+            raise BadOptionError("--sample and --exact-full contradict each other", "--exact-full checks every row")
+        if self.source is None and (self.exact != "off" or self.moe_check):
+            flag = "--moe-check" if self.moe_check else "--exact"
+            raise BadOptionError(f"{flag} needs --source SRC", "pass the block-FP8 checkpoint the package came from")
+        if self.moe_layers < 0 or not 1 <= self.moe_tokens <= MAX_MOE_TOKENS:
+            raise BadOptionError(f"--moe-layers must be >= 0 and --moe-tokens from 1 to {MAX_MOE_TOKENS}")
+        if self.seed < 0:
+            raise BadOptionError(f"--seed {self.seed}: must be 0 or more (it seeds numpy's generator)")
+        for name in ("beta", "linear_beta", "npu_tol"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise BadOptionError(f"--{name.replace('_', '-')} must be a finite number > 0, got {value}")
+        for name in ("min_sqnr_mxfp8", "min_sqnr_mxfp4"):
+            if not math.isfinite(getattr(self, name)):
+                raise BadOptionError(f"--{name.replace('_', '-')} must be a finite number of dB, got {getattr(self, name)}")
+        if self.max_moe_rel_err is not None and not self.max_moe_rel_err > 0:
+            raise BadOptionError("--max-moe-rel-err must be > 0")
+
+    def min_sqnr(self, quant_type: str) -> float | None:
+        return {W8A8_MXFP8: self.min_sqnr_mxfp8, W4A8_MXFP: self.min_sqnr_mxfp4}.get(quant_type)
+
+    def moe_limit(self, quant_type: str) -> float:
+        return self.max_moe_rel_err if self.max_moe_rel_err is not None else DEFAULT_MAX_MOE_REL_ERR[quant_type]
+

@@ -39,7 +39,7 @@ from ascendconv.verify.integrity import _scan, check_checksums, check_payload, c
 from ascendconv.verify.layout import _Layout
 from ascendconv.verify.moe import _run_moe, down_float, mx_output, routing_counts, sample_layers, situ_float
 from ascendconv.verify.npu import _run_npu, require_npu
-from ascendconv.verify.options import Notice, Progress, VerifyOptions
+from ascendconv.options import Notice, VerifyProgress as Progress, VerifyOptions
 from ascendconv.verify.report import Check, MoeReport, NpuReport, TensorReport, VerifyReport
 from ascendconv.verify.structure import (
     check_alignment,

@@ -32,7 +32,7 @@ from ascendconv.verify.layout import (
     _read_package_rows,
     _row_chunks,
 )
-from ascendconv.verify.options import Notice, Progress, VerifyOptions
+from ascendconv.options import Notice, VerifyProgress as Progress, VerifyOptions
 from ascendconv.verify.report import Check, TensorReport
 
 

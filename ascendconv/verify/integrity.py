@@ -16,7 +16,7 @@ from ascendconv.io.safetensors import NUMPY_DTYPES, TensorEntry, TensorReader, n
 from ascendconv.plan import RESOLVE_DTYPES
 from ascendconv.verify.checks import make_check, skip_check
 from ascendconv.verify.layout import FLOAT_DTYPES, _Layout, _row_chunks
-from ascendconv.verify.options import Progress, VerifyOptions
+from ascendconv.options import VerifyProgress as Progress, VerifyOptions
 from ascendconv.verify.report import Check
 
 

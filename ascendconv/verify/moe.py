@@ -17,7 +17,7 @@ from ascendconv.npu.reference import GmmSituInputs
 from ascendconv.verify.accuracy import _module_measurable
 from ascendconv.verify.checks import STRUCTURAL_HINT, make_check, skip_check
 from ascendconv.verify.layout import _Layout, _Module, _dequantize, _read_package_rows
-from ascendconv.verify.options import Progress, VerifyOptions
+from ascendconv.options import VerifyProgress as Progress, VerifyOptions
 from ascendconv.verify.report import Check, MoeReport
 
 

@@ -24,7 +24,7 @@ from ascendconv.verify.moe import (
     sample_layers,
     w4a8_batch_inputs,
 )
-from ascendconv.verify.options import Progress, VerifyOptions
+from ascendconv.options import VerifyProgress as Progress, VerifyOptions
 from ascendconv.verify.report import Check, NpuReport
 
 

@@ -6,7 +6,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ascendconv.verify.options import VerifyOptions
+from ascendconv.options import VerifyOptions
 
 
 def _finite(x: float | None) -> float | None:
