@@ -36,7 +36,7 @@ from ascendconv.io.source import (
     merge_headers,
 )
 from ascendconv.models import ModelRules, expert_count, model_type_of, rules_for
-from ascendconv.ascendv1 import DESCRIPTION_NAME, RANK, Provenance
+from ascendconv.ascendv1 import DESCRIPTION_NAME, RANK
 from ascendconv.plan import SCHEMES, Deployment, Plan, module_pattern
 from ascendconv.ascendv1 import INDEX_NAME as PACKAGE_INDEX_NAME
 
@@ -608,7 +608,7 @@ def _inspect_package(root: Path, glob: str | None) -> InspectReport:
     if package.config is not None and find_quantization_config(package.config)[0] is not None:
         problems.append("config.json still has a quantization_config; vLLM would not use the AscendV1 path")
 
-    provenance = Provenance(package.provenance or {})
+    provenance = package.record
     by_dtype, by_type = _tally(package.tensors, quant_type_of)
     rules = rules_for(package.config)
     structure = _structure(package.tensors, rules)

@@ -15,6 +15,8 @@ import mmap
 import os
 from pathlib import Path
 
+from ascendconv.ascendv1 import Provenance
+
 CHECKSUM = "blake3"  # what convert records
 ALGORITHMS = ("blake3", "sha256")  # what verify can check
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14+
@@ -35,8 +37,6 @@ def new_hasher(algorithm: str = CHECKSUM):
 def recorded_checksum(provenance: dict, shard: str) -> tuple[str, str] | None:
     """(algorithm, hex digest) recorded for `shard`, or None. The algorithm is provenance's
     "checksum" field; packages written before it existed recorded {"sha256": hex} per shard."""
-    from ascendconv.ascendv1 import Provenance
-
     record = Provenance(provenance)
     digest = record.digest(shard)
     if digest is None or record.checksum not in ALGORITHMS:

@@ -38,6 +38,11 @@ def _kind(mode: int) -> str:
     return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
 
+def is_within(path: Path, root: Path) -> bool:
+    """Whether `path` is `root` or lies below it (both already resolved)."""
+    return path == root or root in path.parents
+
+
 def require_regular(path: Path, st: os.stat_result) -> None:
     if not stat.S_ISREG(st.st_mode):
         raise NotRegularFileError(f"{path}: is {_kind(st.st_mode)}, not a regular file")

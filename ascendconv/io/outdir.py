@@ -24,16 +24,13 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ascendconv.errors import Interrupted, OutputBusyError, OutputExistsError, UnsafeOutputError
+from ascendconv.io.files import is_within
 
 STAGING_TAG = ".ascendconv-staging-"
 OLD_TAG = ".ascendconv-old-"
 LOCK_TAG = ".ascendconv-lock"
 LEGACY_TAGS = (".ascendconv-partial-",)  # staging names of 0.1.0, which used the PID
 INTERRUPTING_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
-
-
-def _contains(outer: Path, inner: Path) -> bool:
-    return inner == outer or outer in inner.parents
 
 
 def looks_like_package(path: Path, marker: str) -> bool:
@@ -52,9 +49,9 @@ def check_output(out: Path, source_root: Path, overwrite: bool, marker: str) -> 
         raise UnsafeOutputError(f"{shown}: the output directory is the filesystem root or the home directory")
     if real_out == real_src:
         raise OutputExistsError(f"{shown}: the output directory is the source directory")
-    if _contains(real_out, real_src):
+    if is_within(real_src, real_out):
         raise UnsafeOutputError(f"{shown}: the output directory contains the source {source_root}")
-    if _contains(real_src, real_out):
+    if is_within(real_out, real_src):
         raise UnsafeOutputError(f"{shown}: the output directory lies inside the source {source_root}")
     if out.is_symlink():
         raise UnsafeOutputError(f"{out}: is a symbolic link to {os.readlink(out)}", "pass the real path as OUT")

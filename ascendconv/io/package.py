@@ -13,7 +13,7 @@ from pathlib import Path
 from ascendconv.errors import HeaderError, NotFoundError, PackageError, shown
 from ascendconv.io.files import file_size, read_json_object
 from ascendconv.io.safetensors import SafetensorsHeader, TensorEntry, read_header
-from ascendconv.ascendv1 import DESCRIPTION_NAME, INDEX_NAME, PROVENANCE_NAME, SINGLE_SHARD_NAME, split_description
+from ascendconv.ascendv1 import DESCRIPTION_NAME, INDEX_NAME, PROVENANCE_NAME, SINGLE_SHARD_NAME, Provenance, split_description
 
 
 def is_package(path: Path) -> bool:
@@ -95,6 +95,11 @@ class Package:
         return cls(
             root, description, fields, index, headers, broken, tensors, duplicates, provenance, config, expected, present
         )
+
+    @property
+    def record(self) -> Provenance:
+        """The provenance file as a typed record (empty when there is none)."""
+        return Provenance(self.provenance or {})
 
     @property
     def missing(self) -> list[str]:

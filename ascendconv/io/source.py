@@ -30,7 +30,7 @@ from ascendconv.errors import (
     shown,
 )
 from ascendconv.gcpause import gc_paused
-from ascendconv.io.files import is_regular, read_json
+from ascendconv.io.files import is_regular, is_within, read_json
 from ascendconv.io.rules import check_source_tensors
 from ascendconv.io.safetensors import SafetensorsHeader, TensorEntry, TensorReader, read_header
 
@@ -288,7 +288,7 @@ class SourceCheckpoint:
             if not path.is_symlink() and path.is_dir():
                 continue
             real = Path(os.path.realpath(path))
-            if not any(real == base or base in real.parents for base in allowed):
+            if not any(is_within(real, base) for base in allowed):
                 refused[path.name] = f"links outside the source directory (to {real})"
             elif not real.is_file():
                 refused[path.name] = "is not a regular file"

@@ -13,7 +13,7 @@ from typing import Iterator
 
 import numpy as np
 
-from ascendconv.ascendv1 import PROVENANCE_NAME, Provenance
+from ascendconv.ascendv1 import PROVENANCE_NAME
 from ascendconv.errors import HeaderError, NonFiniteScaleError
 from ascendconv.formats import requantize, resolve
 from ascendconv.formats.constants import E2M1, E4M3, FLOAT, GROUP_SIZE, SCALE_RULES, W4A8_MXFP, W8A8_MXFP8
@@ -135,7 +135,7 @@ def _compare_source(
     from ascendconv.convert import source_fingerprint
 
     found = _SourceFindings()
-    prov = Provenance(lay.pkg.provenance or {})
+    prov = lay.pkg.record
     rule = prov.scale_rule if prov.scale_rule in SCALE_RULES else None
     resolve_dtype = prov.resolve_dtype if prov.resolve_dtype in RESOLVE_DTYPES else "bf16"
 
@@ -454,7 +454,7 @@ def check_accuracy(found: _SourceFindings, options: VerifyOptions) -> Check:
 
 
 def check_exact(found: _SourceFindings, lay: _Layout, options: VerifyOptions) -> Check:
-    prov = Provenance(lay.pkg.provenance or {})
+    prov = lay.pkg.record
     if prov.scale_rule not in SCALE_RULES:
         return make_check("exact", [f"no scale rule recorded in {PROVENANCE_NAME}: the bytes cannot be re-derived"], "")
     if options.exact == "full" or options.sample >= 1.0:

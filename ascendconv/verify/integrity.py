@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from ascendconv.ascendv1 import PROVENANCE_NAME, Provenance
+from ascendconv.ascendv1 import PROVENANCE_NAME
 from ascendconv.errors import HeaderError, shown
 from ascendconv.formats import requantize
 from ascendconv.formats.constants import E8M0_NAN, SCALE_RULES
@@ -57,7 +57,7 @@ def _scan(lay: _Layout, options: VerifyOptions, progress: Progress | None) -> _S
     records, which are counted again. A shard without a recorded
     checksum (`--no-checksums`, no provenance) or with a wrong one is scanned tensor by tensor."""
     findings = _ScanFindings()
-    findings.carried = Provenance(lay.pkg.provenance or {}).source_nonfinite
+    findings.carried = lay.pkg.record.source_nonfinite
     files = [f for f in lay.expected if f in lay.present]
     total = sum(file_size(lay.root / f) for f in files)
     done = 0
@@ -175,7 +175,7 @@ def check_provenance(lay: _Layout) -> Check:
         for file in sorted(set(shards) - set(lay.expected)):
             problems.append(f"{PROVENANCE_NAME} records {file}, which is not a shard of the package")
     carried = prov.get("source_nonfinite", {})
-    if not isinstance(carried, dict) or len(Provenance(prov).source_nonfinite) != len(carried):
+    if not isinstance(carried, dict) or len(lay.pkg.record.source_nonfinite) != len(carried):
         problems.append(f"{PROVENANCE_NAME}: source_nonfinite is {shown(carried)}, expected tensor names -> counts")
     if not isinstance(prov.get("fallbacks", []), list):
         problems.append(f"{PROVENANCE_NAME}: fallbacks is {shown(prov['fallbacks'])}, expected a list")
