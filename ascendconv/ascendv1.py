@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ascendconv.formats.constants import FLOAT, GROUP_SIZE, W4A8_MXFP, W8A8_MXFP8
+from ascendconv.formats.constants import E2M1, E4M3, FLOAT, GROUP_SIZE, W4A8_MXFP, W8A8_MXFP8, ElementFormat
 
 # --- files ---------------------------------------------------------------------------------------
 
@@ -68,6 +68,7 @@ def split_description(raw: dict) -> tuple[dict, dict]:
 class QuantType:
     """One TYPE of the description and what a weight [N, K] of that type is in the package.
 
+    element: the MX element format of the payload (None: FLOAT holds plain values);
     weight_dtype: the payload's safetensors dtype (None: FLOAT keeps the source's dtype, or BF16 for
     a resolved FP8 weight); k_per_byte: payload elements per stored byte along K (2 for packed E2M1);
     scaled: whether `P.weight_scale` (U8, E8M0, one byte per 32 values along K) comes with it;
@@ -76,6 +77,7 @@ class QuantType:
 
     name: str
     rank: int  # msModelSlim's priority order: model_quant_type is the highest present
+    element: ElementFormat | None
     weight_dtype: str | None
     k_per_byte: int
     scaled: bool
@@ -102,12 +104,13 @@ class QuantType:
 
 
 QUANT_TYPES: dict[str, QuantType] = {
-    FLOAT: QuantType(FLOAT, 0, None, 1, False, 1, 1),
+    FLOAT: QuantType(FLOAT, 0, None, None, 1, False, 1, 1),
     # The linear loader pads an odd scale-group count, but MoE experts pair groups without padding.
-    W8A8_MXFP8: QuantType(W8A8_MXFP8, 1, "F8_E4M3", 1, True, GROUP_SIZE, 2 * GROUP_SIZE),
-    W4A8_MXFP: QuantType(W4A8_MXFP, 2, "U8", 2, True, 2 * GROUP_SIZE, 2 * GROUP_SIZE, "W4A8_MXFP pairs scale groups"),
+    W8A8_MXFP8: QuantType(W8A8_MXFP8, 1, E4M3, "F8_E4M3", 1, True, GROUP_SIZE, 2 * GROUP_SIZE),
+    W4A8_MXFP: QuantType(W4A8_MXFP, 2, E2M1, "U8", 2, True, 2 * GROUP_SIZE, 2 * GROUP_SIZE, "W4A8_MXFP pairs scale groups"),
 }
 RANK = {name: t.rank for name, t in QUANT_TYPES.items()}
+MX_TYPES = tuple(name for name, t in QUANT_TYPES.items() if t.scaled)  # the types with E8M0 scales
 
 
 def quant_type_named(label: object) -> QuantType | None:

@@ -223,3 +223,22 @@ def test_unknown_scheme_and_rule_are_usage_errors():
         plan_of(moe_layer(), scheme="w2a2")
     with pytest.raises(BadOptionError, match="scale rule"):
         plan_of(moe_layer(), scale_rule="ceil")
+
+
+def test_quant_type_table_is_consistent_with_the_element_formats():
+    """The one table verify, plan and inspect read: each MX type's payload stores whole elements
+    (8 bits: one E4M3 code, or two E2M1 codes per byte), with one E8M0 scale per 32 values of K."""
+    from ascendconv.ascendv1 import MX_TYPES, QUANT_TYPES, quant_type_named
+    from ascendconv.formats.constants import E2M1, E4M3, FLOAT, W4A8_MXFP, W8A8_MXFP8
+
+    assert MX_TYPES == (W8A8_MXFP8, W4A8_MXFP)
+    assert [QUANT_TYPES[t].element for t in (FLOAT, W8A8_MXFP8, W4A8_MXFP)] == [None, E4M3, E2M1]
+    for name in MX_TYPES:
+        quant_type = QUANT_TYPES[name]
+        assert quant_type.element.bits * quant_type.k_per_byte == 8
+        assert quant_type.weight_shape(7168, 2048) == (7168, 2048 // quant_type.k_per_byte)
+        assert quant_type.scale_shape(7168, 2048) == (7168, 64)
+        assert quant_type.scale_shape(10, 33) == (10, 2)  # a partial last group still has its scale
+    assert QUANT_TYPES[W8A8_MXFP8].weight_dtype == "F8_E4M3" and QUANT_TYPES[W4A8_MXFP].weight_dtype == "U8"
+    assert QUANT_TYPES[FLOAT].scale_shape(10, 64) is None
+    assert quant_type_named(["W8A8_MXFP8"]) is None and quant_type_named("W8A16") is None

@@ -52,13 +52,25 @@ def test_help_imports_no_command_module():
     assert not {"ascendconv.convert", "ascendconv.inspect", "ascendconv.verify"} & modules
 
 
-def test_the_probe_sees_numerics_when_a_command_uses_them(tmp_path):
-    """The check above can fail: verify reads tensor bytes, so numpy is loaded."""
-    out = tmp_path / "pkg"
+@pytest.fixture(scope="module")
+def dense_package(tmp_path_factory):
+    out = tmp_path_factory.mktemp("startup") / "pkg"
     subprocess.run(
         [sys.executable, "-m", "ascendconv.cli", "convert", str(FIXTURES / "qwen3-dense-fp8"), str(out), "--quiet"],
         check=True,
         timeout=300,
     )
-    modules = loaded("verify", str(out), "--quiet")
-    assert {"numpy", "ascendconv.verify"} <= modules
+    return out
+
+
+def test_verify_of_an_intact_package_only_hashes(dense_package):
+    """`verify OUT` checks structure and checksums: BLAKE3, no numpy (its shards are not scanned)."""
+    modules = loaded("verify", str(dense_package), "--quiet")
+    assert {m.split(".")[0] for m in heavy(modules)} == {"blake3"}
+    assert "ascendconv.verify.accuracy" not in modules
+
+
+def test_the_probe_sees_numerics_when_a_command_uses_them(dense_package):
+    """The checks above can fail: verify --source reads tensor values, so numpy is loaded."""
+    modules = loaded("verify", str(dense_package), "--source", str(FIXTURES / "qwen3-dense-fp8"), "--quiet")
+    assert {"numpy", "ascendconv.verify.accuracy"} <= modules

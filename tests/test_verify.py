@@ -675,13 +675,13 @@ def test_situ_float_and_down_match_float64():
     x = elements.bf16_round(rng.standard_normal((24, 256), dtype=np.float32))
     w13 = elements.bf16_round((rng.standard_normal((256, 256)) * 0.05).astype(np.float32))
     w2 = elements.bf16_round((rng.standard_normal((256, 128)) * 0.05).astype(np.float32))
-    y = v.situ_float(x, w13, 4.0, 25.0)
+    y = verify_moe.situ_float(x, w13, 4.0, 25.0)
     want = situ64(x.astype(np.float64) @ w13.astype(np.float64).T, 4.0, 25.0)
     assert np.linalg.norm(y - want) / np.linalg.norm(want) < 2**-7  # two BF16 roundings
-    out = v.down_float(y, w2)
+    out = verify_moe.down_float(y, w2)
     want_out = want @ w2.astype(np.float64).T
     assert np.linalg.norm(out - want_out) / np.linalg.norm(want_out) < 2**-7
-    q = v.mx_output(y)  # E4M3 (3 mantissa bits) under the floor rule, which saturates: ~3% overall
+    q = verify_moe.mx_output(y)  # E4M3 (3 mantissa bits) under the floor rule, which saturates: ~3% overall
     assert np.linalg.norm(q - y) / np.linalg.norm(y) < 0.04
 
 
@@ -702,9 +702,9 @@ def test_float_chain_equals_the_gmm_situ_reference():
     for expert, count in enumerate(counts):
         rows = slice(start, start + count)
         w = gmm_situ.dequantize_expert_weight(w_packed[expert], scales[expert])
-        y = v.situ_float(x[rows], w, 4.0, 25.0)
+        y = verify_moe.situ_float(x[rows], w, 4.0, 25.0)
         assert np.array_equal(y, y_float[rows])
-        assert np.array_equal(v.mx_output(y), mx.dequantize_mx(y_codes[rows], y_scales[rows], E4M3))
+        assert np.array_equal(verify_moe.mx_output(y), mx.dequantize_mx(y_codes[rows], y_scales[rows], E4M3))
         start += count
 
 
@@ -749,7 +749,7 @@ def test_moe_check_matches_float64(converted, scheme):
                 y_src.append(ys)
                 y_pkg.append(yp)
                 o_src.append(ys @ src("down_proj").T)
-                o_pkg.append(v.mx_output(yp.astype(np.float32)).astype(np.float64) @ pkg_w("down_proj").T)
+                o_pkg.append(verify_moe.mx_output(yp.astype(np.float32)).astype(np.float64) @ pkg_w("down_proj").T)
             y_src, y_pkg = np.concatenate(y_src), np.concatenate(y_pkg)
             o_src, o_pkg = np.concatenate(o_src), np.concatenate(o_pkg)
             rel_situ = np.linalg.norm(y_pkg - y_src) / np.linalg.norm(y_src)
@@ -765,9 +765,9 @@ def test_moe_threshold_and_sampling(converted):
     report = verify(pkg, VerifyOptions(source=FIXTURES / MOE, moe_check=True, moe_layers=1, max_moe_rel_err=0.01))
     assert failed(report) == {"moe"} and [m.layer for m in report.moe] == ["model.layers.0.mlp"]
     assert "model.layers.0.mlp (W4A8_MXFP): MoE output rel. error" in problems(report, "moe")
-    assert v.sample_layers([f"l{i}" for i in range(10)], 3) == ["l0", "l4", "l9"]
-    counts = v.routing_counts(0, 3, 64, 8)
-    assert counts.sum() == 64 and np.array_equal(counts, v.routing_counts(0, 3, 64, 8))
+    assert verify_moe.sample_layers([f"l{i}" for i in range(10)], 3) == ["l0", "l4", "l9"]
+    counts = verify_moe.routing_counts(0, 3, 64, 8)
+    assert counts.sum() == 64 and np.array_equal(counts, verify_moe.routing_counts(0, 3, 64, 8))
 
 
 # --- --on-npu ------------------------------------------------------------------------------------

@@ -44,25 +44,53 @@ def recorded_checksum(provenance: dict, shard: str) -> tuple[str, str] | None:
     return record.checksum, digest
 
 
-def file_digest(path: str | os.PathLike, algorithm: str, window: int = 64 * 2**20) -> str:
-    """Hex digest of a whole file, hashed straight from the page cache: mapped `window` bytes at a
-    time and populated at once (MADV_POPULATE_READ), with no copy, so that BLAKE3 hashes on every
-    core at about the speed `cat` reads. A file that shrinks while it is read raises OSError."""
+MAP_WINDOW = 64 * 2**20  # bytes mapped at a time
+HASH_PIECE = 8 * 2**20  # bytes populated and hashed at a time
+READ_AHEAD = 128 * 2**20  # bytes the kernel is asked to read ahead of the hash
+
+
+def file_digest(path: str | os.PathLike, algorithm: str) -> str:
+    """Hex digest of a whole file, hashed straight from the page cache, with no copy.
+
+    The file is mapped a window at a time and hashed a piece at a time. A piece is populated at
+    once (MADV_POPULATE_READ) rather than faulted page by page, and the kernel is asked
+    (POSIX_FADV_WILLNEED) to read READ_AHEAD bytes beyond it while it is hashed. Without that advice
+    a file not in the page cache is read in the small synchronous steps of page faults, and hashing
+    took three times as long as `cat`; with it, the disk never waits for the hash. On a cached file
+    the advice costs nothing and BLAKE3 hashes on every core faster than `cat` copies.
+    A file that shrinks while it is read raises OSError.
+    """
     from ascendconv.io.files import lease, open_regular, unlease
 
     hasher = new_hasher(algorithm)
     fd, size = open_regular(path)  # never a FIFO or a device: no end to those
     lease(fd, Path(path))
     try:
-        for offset in range(0, size, window):
-            with mmap.mmap(fd, min(window, size - offset), access=mmap.ACCESS_READ, offset=offset) as mapped:
-                try:
-                    mapped.madvise(_MADV_POPULATE_READ)
-                except OSError as exc:  # EFAULT: pages past the end (the file shrank); EINVAL: an old kernel
-                    if exc.errno == errno.EFAULT:
-                        raise OSError(errno.EIO, f"{path} shrank while it was being read") from exc
-                hasher.update(mapped)
+        _advise_read(fd, 0, READ_AHEAD)
+        for offset in range(0, size, MAP_WINDOW):
+            length = min(MAP_WINDOW, size - offset)
+            with mmap.mmap(fd, length, access=mmap.ACCESS_READ, offset=offset) as mapped, memoryview(mapped) as view:
+                for start in range(0, length, HASH_PIECE):
+                    count = min(HASH_PIECE, length - start)
+                    _advise_read(fd, offset + start + READ_AHEAD, HASH_PIECE)
+                    _populate(mapped, start, count, path)
+                    hasher.update(view[start : start + count])
     finally:
         unlease(fd)
         os.close(fd)
     return hasher.hexdigest()
+
+
+def _advise_read(fd: int, offset: int, length: int) -> None:
+    try:
+        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+    except OSError:  # advice only: a file system without it is read as it comes
+        pass
+
+
+def _populate(mapped: mmap.mmap, start: int, count: int, path: str | os.PathLike) -> None:
+    try:
+        mapped.madvise(_MADV_POPULATE_READ, start, count)
+    except OSError as exc:  # EFAULT: pages past the end (the file shrank); EINVAL: an old kernel
+        if exc.errno == errno.EFAULT:
+            raise OSError(errno.EIO, f"{path} shrank while it was being read") from exc

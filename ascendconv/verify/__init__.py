@@ -33,12 +33,9 @@ import os
 import time
 
 from ascendconv.io.package import Package
-from ascendconv.verify.accuracy import _compare_source, check_accuracy, check_exact, check_source
 from ascendconv.verify.checks import CHECKS
 from ascendconv.verify.integrity import _scan, check_checksums, check_payload, check_provenance, check_scales
 from ascendconv.verify.layout import _Layout
-from ascendconv.verify.moe import _run_moe, down_float, mx_output, routing_counts, sample_layers, situ_float
-from ascendconv.verify.npu import _run_npu, require_npu
 from ascendconv.options import Notice, VerifyProgress as Progress, VerifyOptions
 from ascendconv.verify.report import Check, MoeReport, NpuReport, TensorReport, VerifyReport
 from ascendconv.verify.structure import (
@@ -64,11 +61,6 @@ __all__ = [
     "TensorReport",
     "VerifyOptions",
     "VerifyReport",
-    "down_float",
-    "mx_output",
-    "routing_counts",
-    "sample_layers",
-    "situ_float",
     "verify",
 ]
 
@@ -108,6 +100,8 @@ def _verify(
     try:
         lay = _Layout(pkg)
         if options.on_npu:
+            from ascendconv.verify.npu import require_npu
+
             require_npu(lay)
         checks = [
             check_files(lay),
@@ -134,16 +128,23 @@ def _verify(
         tensors: list[TensorReport] = []
         moe: list[MoeReport] = []
         if source is not None:
+            # the families that read values (numpy, the reference, the operator) are imported when asked
+            from ascendconv.verify.accuracy import _compare_source, check_accuracy, check_exact, check_source
+
             found = _compare_source(lay, source, options, progress, notice)
             checks.append(check_source(found))
             checks.append(check_accuracy(found, options))
             checks.append(check_exact(found, lay, options))
             tensors = sorted(found.tensors, key=lambda t: (-math.inf if math.isnan(t.sqnr_db) else t.sqnr_db, t.name))
             if options.moe_check:
+                from ascendconv.verify.moe import _run_moe
+
                 check, moe = _run_moe(lay, source, options, progress)
                 checks.append(check)
         npu_reports: list[NpuReport] = []
         if options.on_npu:
+            from ascendconv.verify.npu import _run_npu
+
             check, npu_reports = _run_npu(lay, options, progress)
             checks.append(check)
         return VerifyReport(

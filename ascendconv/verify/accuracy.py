@@ -16,22 +16,14 @@ import numpy as np
 from ascendconv.ascendv1 import PROVENANCE_NAME
 from ascendconv.errors import HeaderError, NonFiniteScaleError
 from ascendconv.formats import requantize, resolve
-from ascendconv.formats.constants import E2M1, E4M3, FLOAT, GROUP_SIZE, SCALE_RULES, W4A8_MXFP, W8A8_MXFP8
+from ascendconv.ascendv1 import MX_TYPES, QUANT_TYPES
+from ascendconv.formats.constants import FLOAT, GROUP_SIZE, SCALE_RULES
 from ascendconv.formats.metrics import ErrorAccumulator, ErrorStats
 from ascendconv.io.safetensors import TensorEntry, TensorReader
 from ascendconv.plan import RESOLVE_DTYPES
 from ascendconv.verify.checks import STRUCTURAL_HINT, make_check
-from ascendconv.verify.layout import (
-    CHUNK_BYTES,
-    FLOAT_DTYPES,
-    MX_TYPES,
-    _Layout,
-    _Module,
-    _dequantize,
-    _mapped_rows,
-    _read_package_rows,
-    _row_chunks,
-)
+from ascendconv.verify.layout import CHUNK_BYTES, FLOAT_DTYPES, _Layout, _Module, _row_chunks
+from ascendconv.verify.rows import _dequantize, _mapped_rows, _read_package_rows
 from ascendconv.options import Notice, VerifyProgress as Progress, VerifyOptions
 from ascendconv.verify.report import Check, TensorReport
 
@@ -119,12 +111,12 @@ def _module_measurable(lay: _Layout, module: _Module, linear) -> str | None:
         return None
     if module.label not in MX_TYPES:
         return f"unknown type {module.label!r}"
-    want_dtype = "F8_E4M3" if module.label == W8A8_MXFP8 else "U8"
-    want_shape = (n, k) if module.label == W8A8_MXFP8 else (n, k // 2)
-    if w.dtype != want_dtype or w.shape != want_shape or (module.label == W4A8_MXFP and k % 2):
+    quant_type = QUANT_TYPES[module.label]
+    want_dtype, want_shape = quant_type.weight_dtype, quant_type.weight_shape(n, k)
+    if w.dtype != want_dtype or w.shape != want_shape or k % quant_type.k_per_byte:
         return f"{module.label} weight is {w.dtype} {list(w.shape)}, expected {want_dtype} {list(want_shape)}"
     s = module.scale
-    if s is None or s.dtype != "U8" or s.shape != (n, math.ceil(k / GROUP_SIZE)) or k % GROUP_SIZE:
+    if s is None or s.dtype != "U8" or s.shape != quant_type.scale_shape(n, k) or k % GROUP_SIZE:
         return "scale missing or misshapen"
     return None
 
@@ -312,7 +304,7 @@ class _Rederive:
             out.source.append(str(exc))
             return out
         block = self.source.quant.block
-        w = _Weight(name, module, scale, block, E2M1 if module.label == W4A8_MXFP else None if module.label == FLOAT else E4M3)
+        w = _Weight(name, module, scale, block, QUANT_TYPES[module.label].element)
         derivable = module.label == FLOAT or self.rule is not None
         bands = _sample_bands(n, block[0], self.fraction, self.options.seed, name) if derivable else []
         full_stats = self.options.exact == "full" or not derivable  # nothing re-derived: measure every row

@@ -1,20 +1,17 @@
-"""The package as the loader sees it: its shards, tensors and linears, and row reads of them."""
+"""The package as the loader sees it: its shards, tensors and linears (headers and JSON only: no numpy,
+so `verify OUT` starts fast; the row reads that need numpy are in `rows`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Iterator
 
-import numpy as np
-
-from ascendconv.formats import elements, mx
-from ascendconv.formats.constants import E2M1, E4M3, FLOAT, GROUP_SIZE, W4A8_MXFP, W8A8_MXFP8
+from ascendconv.ascendv1 import MX_TYPES, quant_type_named
 from ascendconv.io.package import Package
-from ascendconv.io.safetensors import NUMPY_DTYPES, SafetensorsHeader, TensorEntry, TensorReader
+from ascendconv.io.safetensors import SafetensorsHeader, TensorEntry
 from ascendconv.models import rules_for
 
 
-MX_TYPES = (W8A8_MXFP8, W4A8_MXFP)
 FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
 
 CHUNK_BYTES = 16 * 2**20  # bytes read at a time, per tensor
@@ -37,8 +34,8 @@ class _Module:
     def k(self) -> int | None:
         if self.weight is None or len(self.weight.shape) != 2:
             return None
-        cols = self.weight.shape[1]
-        return 2 * cols if self.label == W4A8_MXFP else cols
+        quant_type = quant_type_named(self.label)
+        return self.weight.shape[1] * (quant_type.k_per_byte if quant_type else 1)
 
 
 class _Layout:
@@ -85,33 +82,3 @@ def _row_chunks(entry: TensorEntry, chunk_bytes: int = CHUNK_BYTES) -> Iterator[
     for r0 in range(0, rows, step):
         r1 = min(rows, r0 + step)
         yield r0, r1, r0 * row_bytes, (r1 - r0) * row_bytes
-
-
-def _mapped_rows(reader: TensorReader, entry: TensorEntry, r0: int, r1: int) -> np.ndarray:
-    """Rows [r0, r1) of a 2-D tensor, read-only and mapped from the page cache (no copy)."""
-    row_bytes = entry.nbytes // entry.shape[0]
-    data = reader.map_range(entry, r0 * row_bytes, (r1 - r0) * row_bytes)
-    return data.view(NUMPY_DTYPES[entry.dtype]).reshape(r1 - r0, *entry.shape[1:])
-
-
-def _read_package_rows(
-    reader: TensorReader, module: _Module, r0: int, r1: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """(stored payload, element codes unpacked [R, K] or float32 values, scale bytes or None)."""
-    payload = _mapped_rows(reader, module.weight, r0, r1)
-    if module.label == FLOAT:
-        return payload, payload.astype(np.float32), None
-    scales = _mapped_rows(reader, module.scale, r0, r1)
-    codes = elements.unpack_fp4(payload) if module.label == W4A8_MXFP else payload
-    return payload, codes, scales
-
-
-def _dequantize(module: _Module, codes: np.ndarray, scales: np.ndarray | None) -> np.ndarray:
-    if module.label == FLOAT:
-        return codes
-    fmt = E2M1 if module.label == W4A8_MXFP else E4M3
-    k = module.k
-    groups = scales.shape[1] * GROUP_SIZE
-    if groups != k:  # W8A8 with K % 32 (not reached: alignment fails first), pad to whole groups
-        codes = np.pad(codes, ((0, 0), (0, groups - k)))
-    return mx.dequantize_mx(codes, scales, fmt)[:, :k]

@@ -7,8 +7,9 @@ from typing import Iterator
 
 import numpy as np
 
+from ascendconv.ascendv1 import QUANT_TYPES
 from ascendconv.formats import elements, mx, resolve
-from ascendconv.formats.constants import E4M3, GROUP_SIZE, W4A8_MXFP
+from ascendconv.formats.constants import E4M3, W4A8_MXFP
 from ascendconv.formats.metrics import ErrorAccumulator
 from ascendconv.io.rules import moe_layers
 from ascendconv.io.safetensors import TensorReader
@@ -16,7 +17,8 @@ from ascendconv.npu import reference as gmm_situ
 from ascendconv.npu.reference import GmmSituInputs
 from ascendconv.verify.accuracy import _module_measurable
 from ascendconv.verify.checks import STRUCTURAL_HINT, make_check, skip_check
-from ascendconv.verify.layout import _Layout, _Module, _dequantize, _read_package_rows
+from ascendconv.verify.layout import _Layout, _Module
+from ascendconv.verify.rows import _dequantize, _read_package_rows
 from ascendconv.options import VerifyProgress as Progress, VerifyOptions
 from ascendconv.verify.report import Check, MoeReport
 
@@ -115,7 +117,7 @@ def _layer_problem(
     quant_type = types.pop()
     gate = lay.modules[names[0]["gate_proj"][: -len(".weight")]]
     k, inter = gate.k, gate.n
-    need = 2 * GROUP_SIZE if quant_type == W4A8_MXFP else GROUP_SIZE
+    need = QUANT_TYPES[quant_type].linear_k  # the op pairs W4A8_MXFP's scale groups
     if k % need or inter % need:
         return f"{layer}: K={k}, I={inter} do not meet the op's alignment (multiples of {need})", quant_type
     return None, quant_type

@@ -8,6 +8,7 @@ import math
 from ascendconv.ascendv1 import (
     DESCRIPTION_NAME,
     INDEX_NAME,
+    MX_TYPES,
     QUANT_TYPES,
     RANK,
     SHARD_NAME,
@@ -16,7 +17,7 @@ from ascendconv.ascendv1 import (
     quant_type_named,
 )
 from ascendconv.errors import shown
-from ascendconv.formats.constants import FLOAT, GROUP_SIZE, W8A8_MXFP8
+from ascendconv.formats.constants import FLOAT, GROUP_SIZE
 from ascendconv.io.rules import moe_coverage_problems
 from ascendconv.models import tp_role
 from ascendconv.plan import (
@@ -27,7 +28,7 @@ from ascendconv.plan import (
     rank_k,
 )
 from ascendconv.verify.checks import make_check, skip_check
-from ascendconv.verify.layout import MX_TYPES, _Layout
+from ascendconv.verify.layout import _Layout
 from ascendconv.verify.report import Check
 
 
@@ -173,7 +174,7 @@ def check_dtypes(lay: _Layout) -> Check:
         if label is None:
             continue
         if label in MX_TYPES and name.endswith(".weight"):
-            want = "F8_E4M3" if label == W8A8_MXFP8 else "U8"
+            want = QUANT_TYPES[label].weight_dtype
             if entry.dtype != want:
                 problems.append(f"{where} is {entry.dtype}; a {label} weight must be {want}")
         elif label in MX_TYPES and name.endswith(".weight_scale"):
@@ -205,7 +206,7 @@ def check_shapes(lay: _Layout) -> Check:
         if s is None:
             continue  # reported by pairs
         n, k = module.n, module.k
-        want = (n, math.ceil(k / GROUP_SIZE)) if module.label == W8A8_MXFP8 else (n, k // GROUP_SIZE)
+        want = QUANT_TYPES[module.label].scale_shape(n, k)
         if s.shape != want:
             problems.append(
                 f"{shown(s.name)} ({s.path.name}) has shape {list(s.shape)}; {module.label} weight {shown(w.name)} "
