@@ -18,8 +18,10 @@
    - `convert` w8a8-mxfp8 and w4a8-mxfp, each right after its own `cp -r SRC X` (the pair's
      baseline: the ratio is taken within the pair, so machine noise that lasts longer than a pair
      cancels); every timed region includes `sync -f` of what the command wrote;
-   - `verify OUT` right after `cat` of the package's shards to /dev/null (same cache state: the
-     shards are read once more, untimed, before the `cat`);
+   - `verify OUT` right after `cat` of the package's shards to /dev/null, in the same cache state:
+     warm (the shards are read once more, untimed, before each of the two) and cold (the shards'
+     pages are dropped from the page cache, POSIX_FADV_DONTNEED, before each of the two: how a
+     package too large for memory is read);
    - `verify OUT --source SRC`, with `--exact-full`, and with `--sample 0.1`;
    - `convert --dry-run`, `inspect SRC`, `ascendconv --help` (start-up: wall seconds).
    Peak resident memory is /usr/bin/time's "maximum resident set size".
@@ -217,6 +219,16 @@ def dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
+def evict(paths: list[str]) -> None:
+    """Drop the files' pages from the page cache (they are clean: written and synced before)."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
 def warm(path: Path) -> None:
     for p in sorted(path.rglob("*")):
         if p.is_file():
@@ -281,7 +293,8 @@ def first_run_compile(workdir: Path) -> tuple[float, float, str, float]:
 
 
 class Command:
-    """One timed command: its argv, the source bytes it processes, and its baseline (if any)."""
+    """One timed command: its argv, the source bytes it processes, and its baseline (if any);
+    `prepare` sets the cache state before the baseline and again before the command."""
 
     def __init__(self, label: str, argv: list[str], nbytes: int, baseline: list[str] | None = None,
                  writes: Path | None = None, prepare=None):
@@ -293,13 +306,15 @@ class Command:
         self.rss = 0
 
     def run(self) -> None:
-        if self.prepare:
-            self.prepare()
         if self.baseline:
+            if self.prepare:
+                self.prepare()
             if self.writes:
                 clear(self.writes)
             seconds, _, _, _ = run_timed(self.baseline, self.writes)
             self.baseline_times.append(seconds)
+        if self.prepare:
+            self.prepare()
         if self.writes:
             clear(self.writes)
         seconds, peak, _, cpu = run_timed(self.argv, self.writes)
@@ -364,6 +379,7 @@ def main() -> None:
     ]
     commands += [
         Command("verify OUT", verify, package_bytes, cat, prepare=lambda: warm(package)),
+        Command("verify OUT (cold cache)", verify, package_bytes, cat, prepare=lambda: evict(shards)),
         Command("verify --source", verify + ["--source", str(source)], source_bytes),
         Command("verify --source --exact-full", verify + ["--source", str(source), "--exact-full"], source_bytes),
         Command("verify --source --sample 0.1", verify + ["--source", str(source), "--sample", "0.1"], source_bytes),
@@ -422,9 +438,10 @@ def main() -> None:
     for label, limit in TARGET_START_S.items():
         if label in by_label:
             checks.append((f"{label}: <= {limit} s ({by_label[label]['median_s']:.2f} s)", by_label[label]["median_s"] <= limit))
-    if "verify OUT" in by_label:
-        ratio = by_label["verify OUT"]["ratio"]
-        checks.append((f"verify OUT: <= {TARGET_VERIFY_TO_CAT} x cat of the shards ({ratio:.2f} x)", ratio <= TARGET_VERIFY_TO_CAT))
+    for label in ("verify OUT", "verify OUT (cold cache)"):
+        if label in by_label:
+            ratio = by_label[label]["ratio"]
+            checks.append((f"{label}: <= {TARGET_VERIFY_TO_CAT} x cat of the shards ({ratio:.2f} x)", ratio <= TARGET_VERIFY_TO_CAT))
     for label, rate in TARGET_SOURCE_MB_S.items():
         if label in by_label:
             got = by_label[label]["mb_per_s"]
