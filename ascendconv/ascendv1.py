@@ -143,12 +143,26 @@ class Provenance:
 
     raw: dict
 
+    SETTINGS = ("version", "scheme", "scale_rule", "resolve_dtype", "kernel")  # how the package was made
+
     tool = _text_field("tool")
     version = _text_field("version")
     scheme = _text_field("scheme")
     scale_rule = _text_field("scale_rule")
     resolve_dtype = _text_field("resolve_dtype")
     kernel = _text_field("kernel")
+
+    def settings(self) -> dict:
+        """The settings as recorded (values of any type: reports show what the file holds)."""
+        return {key: self.raw.get(key) for key in self.SETTINGS}
+
+    def origin(self) -> str:
+        """The settings in one line, as reports print them."""
+        s = self.settings()
+        return (
+            f"ascendconv {s['version']}, {s['scheme']}, rule {s['scale_rule']}, resolve {s['resolve_dtype']}, "
+            f"kernel {s['kernel']}"
+        )
 
     @property
     def source(self) -> dict:

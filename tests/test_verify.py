@@ -144,6 +144,13 @@ def test_cli_json_schema_and_exit_0(converted):
     assert tensor["type"] in ("W8A8_MXFP8", "W4A8_MXFP") and 0 < tensor["rel_err"] < 0.2
     assert report["moe"] and {"layer", "rel_err", "rel_err_situ"} <= report["moe"][0].keys()
     assert report["provenance"]["scheme"] == "w4a8-mxfp-moe"
+    from ascendconv import __version__
+
+    assert report["provenance"] == {"version": __version__, "scheme": "w4a8-mxfp-moe", "scale_rule": "mse",
+                                    "resolve_dtype": "bf16", "kernel": report["provenance"]["kernel"]}
+    provenance = next(c for c in report["checks"] if c["name"] == "provenance")
+    assert provenance["detail"] == (f"ascendconv {__version__}, w4a8-mxfp-moe, rule mse, resolve bf16, "
+                                    f"kernel {report['provenance']['kernel']}")
 
 
 def test_cli_renders_tables(converted):

@@ -188,8 +188,7 @@ def check_provenance(lay: _Layout) -> Check:
         problems.append(f"{PROVENANCE_NAME}: the source files are not recorded")
     elif not all(isinstance(f, dict) and isinstance(f.get("name"), str) for f in source["files"]):
         problems.append(f"{PROVENANCE_NAME}: a source file is recorded without its name")
-    detail = f"ascendconv {prov.get('version')}, {prov.get('scheme')}, rule {prov.get('scale_rule')}, kernel {prov.get('kernel')}"
-    return make_check("provenance", problems, detail)
+    return make_check("provenance", problems, lay.pkg.record.origin())
 
 
 def check_checksums(lay: _Layout, findings: _ScanFindings) -> Check:

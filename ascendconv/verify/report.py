@@ -6,6 +6,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ascendconv.ascendv1 import Provenance
 from ascendconv.options import VerifyOptions
 
 
@@ -116,7 +117,6 @@ class VerifyReport:
         return next((c for c in self.checks if c.name == name), None)
 
     def to_dict(self) -> dict:
-        prov = self.provenance or {}
         options = asdict(self.options)
         options["source"] = None if self.options.source is None else str(self.options.source)
         return {
@@ -127,9 +127,7 @@ class VerifyReport:
             "tensors": [t.to_dict() for t in self.tensors],
             "moe": [m.to_dict() for m in self.moe],
             "npu": [n.to_dict() for n in self.npu],
-            "provenance": {k: prov.get(k) for k in ("version", "scheme", "scale_rule", "resolve_dtype", "kernel")}
-            if self.provenance
-            else None,
+            "provenance": Provenance(self.provenance).settings() if self.provenance else None,
             "options": options,
             "seconds": round(self.seconds, 3),
         }

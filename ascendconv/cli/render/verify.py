@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.markup import escape
 
+from ascendconv.ascendv1 import Provenance
 from ascendconv.cli.render.tables import print_table, section
 
 
@@ -22,12 +23,7 @@ def render_verify(report, out: Console, top: int = 10, quiet: bool = False) -> N
     """Print a VerifyReport: the checks, the problems of failed ones, the worst tensors, MoE and NPU."""
     prov = report.provenance
     if not quiet:
-        origin = (
-            f"ascendconv {prov.get('version')}, {prov.get('scheme')}, rule {prov.get('scale_rule')}, "
-            f"resolve {prov.get('resolve_dtype')}, kernel {prov.get('kernel')}"
-            if prov
-            else "no provenance"
-        )
+        origin = Provenance(prov).origin() if prov else "no provenance"
         out.print(f"[bold]verify[/] {escape(str(report.package))}  [dim]({escape(origin)})[/]", highlight=False)
         rows = [[c.name, "FAIL" if not c.ok else ("skip" if c.skipped else "pass"), c.detail] for c in report.checks]
         print_table(out, ["check", "result", "detail"], rows, elide=None, wrap=2)
