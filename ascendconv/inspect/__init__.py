@@ -1,0 +1,81 @@
+"""Headers-only report of what a directory holds: an HF block-FP8 checkpoint, an AscendV1 package,
+or a plain (BF16/F16/F32) HF checkpoint.
+
+`inspect_path` reads config.json, the index and every shard's header, and nothing else: no tensor
+byte is read, so a 1,000-shard checkpoint is inspected in seconds. For a block-FP8 source it
+also runs the pure planner once per scheme to say what `convert` would produce. For a package it
+collects (never fixes) the disagreements between description, index and shards; `verify` is the
+full check. Nothing here prints: the result is an `InspectReport` whose `to_dict()` is the stable
+`--json` document described in docs/inspect.md.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ascendconv.ascendv1 import DESCRIPTION_NAME
+from ascendconv.errors import PackageError, UnrecognizedCheckpointError
+from ascendconv.gcpause import gc_paused
+from ascendconv.inspect.package import inspect_package
+from ascendconv.inspect.plain import inspect_plain
+from ascendconv.inspect.report import (
+    KIND_PACKAGE,
+    KIND_PLAIN,
+    KIND_SOURCE,
+    CountBytes,
+    Fallback,
+    InspectReport,
+    ModuleGroup,
+    SchemeEstimate,
+    ShardInfo,
+    TensorRow,
+)
+from ascendconv.inspect.source import inspect_source
+from ascendconv.io.hfcache import resolve_source
+from ascendconv.io.package import is_package
+from ascendconv.io.source import find_quantization_config, load_config
+from ascendconv.plan import Deployment
+
+
+@gc_paused()  # a full-scale report builds several hundred thousand objects and no cycles
+def inspect_path(
+    path: str | os.PathLike, tensors: str | None = None, deployment: Deployment | None = None
+) -> InspectReport:
+    """Recognise what `path` holds and report on it from headers alone.
+
+    `path` is a directory or a Hugging Face repo id present in the local cache (never downloaded).
+    `tensors` is a glob on tensor names: when given, the report lists the matching tensors ("*" for
+    all). `deployment` (--tp, --ep, --shared-experts-as-routed) is what a source's per-scheme plans
+    are made for. Raises a project error (exit code 3) for anything that is not a block-FP8 checkpoint, a
+    plain float checkpoint or an AscendV1 package, and for a source whose headers are invalid.
+    """
+    root = resolve_source(str(path))
+    if root.is_file():
+        raise UnrecognizedCheckpointError(f"{root}: is a file; inspect takes a directory")
+    if is_package(root):
+        return inspect_package(root, tensors)
+    if any(root.glob("quant_model_weights*.safetensors")):
+        raise PackageError(
+            f"{root}: holds quant_model_weights*.safetensors but no {DESCRIPTION_NAME}",
+            "the package is incomplete; convert the checkpoint again",
+        )
+    config, config_path = load_config(root)
+    quant, _ = find_quantization_config(config)
+    if quant is not None:
+        return inspect_source(root, tensors, deployment or Deployment())
+    return inspect_plain(root, config, config_path, tensors)
+
+
+__all__ = [
+    "CountBytes",
+    "Fallback",
+    "InspectReport",
+    "KIND_PACKAGE",
+    "KIND_PLAIN",
+    "KIND_SOURCE",
+    "ModuleGroup",
+    "SchemeEstimate",
+    "ShardInfo",
+    "TensorRow",
+    "inspect_path",
+]

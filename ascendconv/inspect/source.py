@@ -1,0 +1,152 @@
+"""inspect of a Hugging Face block-FP8 checkpoint: what it holds, and what `convert` would write
+under each scheme (the pure planner run once per scheme) and what vllm-ascend would run with it."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from ascendconv.ascendv1 import RANK
+from ascendconv.convert import planner_for
+from ascendconv.formats.constants import FLOAT, W8A8_MXFP8
+from ascendconv.inspect.report import KIND_SOURCE, Fallback, InspectReport, SchemeEstimate, ShardInfo
+from ascendconv.inspect.summary import (
+    FP8_BLOCK,
+    _count,
+    _groups,
+    _model_summary,
+    _module_weights,
+    _rows,
+    _structure,
+    _tally,
+    natural_key,
+)
+from ascendconv.io.source import INDEX_NAME as SOURCE_INDEX_NAME
+from ascendconv.io.source import SourceCheckpoint, find_quantization_config
+from ascendconv.models import rules_for
+from ascendconv.plan import SCHEMES, Deployment, Plan, module_pattern
+
+
+def inspect_source(root: Path, glob: str | None, deployment: Deployment) -> InspectReport:
+    source = SourceCheckpoint.open(root)  # named errors for every header-level problem
+    try:
+        quant = source.quant
+        scale_names = source.scale_names
+        fp8_names = {linear.weight.name for linear in source.linears.values()} | scale_names
+
+        def quant_type_of(name: str) -> str:
+            return FP8_BLOCK if name in fp8_names else FLOAT
+
+        estimates: dict[str, SchemeEstimate] = {}
+        written: dict[str, dict[str, str]] = {}
+        planner = planner_for(source, deployment)
+        for scheme in SCHEMES:
+            plan = planner.plan(scheme)
+            written[scheme] = {m: d.written for m, d in plan.decisions.items()}
+            estimates[scheme] = SchemeEstimate(
+                scheme=scheme,
+                model_quant_type=plan.model_quant_type,
+                modules=plan.type_counts(),
+                tensors=plan.tensor_counts(),
+                bytes_out=plan.bytes_out,
+                shards=len(plan.shards),
+                fallbacks=[
+                    Fallback(d.module, module_pattern(d.module), d.requested, d.written, d.reason)
+                    for d in sorted(plan.fallbacks, key=lambda d: natural_key(d.module))
+                ],
+                kept_float=plan.kept_float(),
+                runtime=runtime_notes(plan),
+            )
+        modules = _module_weights({n: e for n, e in source.tensors.items() if n not in scale_names})
+        by_dtype, by_type = _tally(source.tensors, quant_type_of)
+        rules = rules_for(source.config)
+        structure = _structure(source.tensors, rules)
+        index = SOURCE_INDEX_NAME if (root / SOURCE_INDEX_NAME).is_file() else None
+        quant_config, _ = find_quantization_config(source.config)
+        return InspectReport(
+            kind=KIND_SOURCE,
+            path=root,
+            model=_model_summary(source.config),
+            quantization={
+                "location": quant.location,
+                "quant_method": quant_config.get("quant_method"),
+                "weight_block_size": list(quant.block),
+                "activation_scheme": quant.activation_scheme,
+                "fmt": quant.fmt,
+                "scale_fmt": quant.scale_fmt,
+                "scale_dtypes": _count(linear.scale.dtype for linear in source.linears.values()),
+                "modules_to_not_convert": list(quant.modules_to_not_convert),
+            },
+            package=None,
+            shards=[ShardInfo(h.path.name, len(h.tensors), h.file_size) for h in source.headers],
+            index=index,
+            total_bytes=source.total_bytes,
+            tensor_bytes=sum(e.nbytes for e in source.tensors.values()),
+            tensor_count=len(source.tensors),
+            by_dtype=by_dtype,
+            by_quant_type=by_type,
+            **structure.fields(),
+            family=rules.family.label,
+            deployment=deployment.to_dict(),
+            warnings=[rules.warning] if rules.warning else [],
+            fp8_linears=len(source.linears),
+            groups=_groups(modules, lambda m: FP8_BLOCK if m in source.linears else FLOAT, written),
+            schemes=estimates,
+            tensor_filter=glob,
+            tensors=_rows(source.tensors, glob, quant_type_of),
+        )
+    finally:
+        source.close()
+
+
+def runtime_notes(plan: Plan) -> list[str]:
+    """What vllm-ascend will run with the package this plan writes, in short sentences."""
+    notes = []
+    by_group: dict[str, str] = {d.group: d.written for d in plan.decisions.values()}
+    moe = Counter(t for g, t in by_group.items() if g.endswith(".experts"))
+    if moe:
+        types = ", ".join(f"{n} {t}" for t, n in sorted(moe.items(), key=lambda kv: -RANK[kv[0]]))
+        notes.append(f"MoE layers: {types} (FLOAT experts run the unquantized fused MoE)")
+    if plan.rules.family.mla:
+        # vllm-ascend enables the fused MLA prolog (VLLM_ASCEND_ENABLE_MLAPO) only where the layer's
+        # fused_qkv_a_proj (q_a_proj + kv_a_proj_with_mqa) is W8A8 (MXFP8 on Ascend 950); elsewhere it
+        # turns it off for that layer with a warning
+        qkv_a = Counter(t for g, t in by_group.items() if g.endswith(".fused_qkv_a_proj"))
+        off = sum(n for t, n in qkv_a.items() if t != W8A8_MXFP8)
+        if qkv_a and off:
+            kinds = "/".join(sorted({t for t in qkv_a if t != W8A8_MXFP8}))
+            notes.append(
+                f"fused MLA prolog (VLLM_ASCEND_ENABLE_MLAPO) off in {off} of {sum(qkv_a.values())} layers: "
+                f"q_a_proj/kv_a_proj_with_mqa are {kinds}, it needs W8A8_MXFP8"
+            )
+        elif qkv_a:
+            notes.append("fused MLA prolog (VLLM_ASCEND_ENABLE_MLAPO) available: q_a_proj/kv_a_proj_with_mqa are W8A8_MXFP8")
+    for reason, count in plan.kept_float().items():
+        notes.append(f"{count} modules FLOAT: {reason}")
+    mtp_quantized = plan.quantized_mtp_modules()
+    if mtp_quantized:
+        notes.append(f"{mtp_quantized} MTP modules quantized by --override: vllm-ascend expects the MTP layer FLOAT")
+    if plan.fallbacks:
+        notes.append(f"{len(plan.fallbacks)} fallbacks (see fallbacks), planned for --tp {plan.deployment.tp}"
+                     + (" --ep" if plan.deployment.ep else ""))
+    mixed = _shared_vs_routed(plan)
+    if mixed:
+        notes.append(
+            f"{mixed} MoE layers hold shared experts of another type than their routed experts: do not enable "
+            "mix_placement, or convert with --shared-experts-as-routed"
+        )
+    return notes
+
+
+def _shared_vs_routed(plan: Plan) -> int:
+    """MoE layers whose shared expert is written in another type than their routed experts."""
+    routed: dict[str, str] = {}
+    shared: dict[str, str] = {}
+    for decision in plan.decisions.values():
+        if decision.group.endswith(".experts"):  # a MoE layer's group: 'model.layers.3.mlp.experts'
+            routed[decision.group[: -len(".experts")]] = decision.written
+            continue
+        layer = plan.rules.shared_expert_layer(decision.module)
+        if layer is not None:
+            shared[layer] = decision.written
+    return sum(1 for layer, t in shared.items() if layer in routed and routed[layer] != t)

@@ -1,0 +1,161 @@
+"""What every kind of directory is summarised by, from tensor headers and config.json alone: the
+model, tensors and bytes per dtype and per quant type, the layer structure, module groups, rows."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+
+from ascendconv.ascendv1 import RANK
+from ascendconv.formats.constants import FLOAT
+from ascendconv.inspect.report import CountBytes, ModuleGroup, TensorRow
+from ascendconv.io.safetensors import TensorEntry
+from ascendconv.io.source import WEIGHT_SUFFIX
+from ascendconv.models import ModelRules, expert_count, model_type_of
+from ascendconv.plan import module_pattern
+
+# Quant type of a source tensor: an F8_E4M3 weight and its weight_scale_inv are "FP8_BLOCK" (the
+# package labels an MX weight and its scale alike), everything else is FLOAT.
+FP8_BLOCK = "FP8_BLOCK"
+UNDESCRIBED = "(undescribed)"  # a package tensor without an entry in the description
+
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def natural_key(text: str) -> tuple:
+    """Sort key that puts layers.2 before layers.10."""
+    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", text) if p)
+
+
+def _model_summary(config: dict | None) -> dict:
+    config = config or {}
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    architectures = config.get("architectures")
+
+    def pick(*keys):
+        for source in (config, text):
+            for key in keys:
+                if isinstance(source.get(key), int):
+                    return source[key]
+        return None
+
+    return {
+        "model_type": model_type_of(config),
+        "architectures": [a for a in architectures if isinstance(a, str)] if isinstance(architectures, list) else [],
+        "num_hidden_layers": pick("num_hidden_layers"),
+        "num_experts": expert_count(config),
+    }
+
+
+def _tally(tensors: dict[str, TensorEntry], quant_type_of) -> tuple[dict[str, CountBytes], dict[str, CountBytes]]:
+    by_dtype: dict[str, list[int]] = {}
+    by_type: dict[str, list[int]] = {}
+    for name, entry in tensors.items():
+        for table, key in ((by_dtype, entry.dtype), (by_type, quant_type_of(name) or UNDESCRIBED)):
+            slot = table.setdefault(key, [0, 0])
+            slot[0] += 1
+            slot[1] += entry.nbytes
+
+    def ordered(table: dict[str, list[int]]) -> dict[str, CountBytes]:
+        return {k: CountBytes(*table[k]) for k in sorted(table, key=lambda k: (-table[k][1], k))}
+
+    return ordered(by_dtype), ordered(by_type)
+
+
+@dataclass
+class _Structure:
+    layers: int = 0
+    moe_layers: int = 0
+    routed_experts: int = 0
+    shared_expert_layers: int = 0
+    mtp_layers: list[str] = field(default_factory=list)
+    indexer_layers: int = 0
+
+    def fields(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _structure(names, rules: ModelRules) -> _Structure:
+    """Layers, MoE layers, experts, MTP layers and indexers from tensor names, by the model's rules."""
+    layers: set[str] = set()
+    mtp: dict[str, None] = {}
+    experts: dict[str, set[str]] = {}
+    shared: set[str] = set()
+    indexers: set[str] = set()
+    for prefix in {name.rpartition(".")[0] for name in names}:  # a module's tensors share a prefix
+        mtp_label = rules.mtp_label(prefix)
+        if mtp_label is not None:
+            mtp[mtp_label] = None
+        else:
+            layer = _LAYER.search(prefix)
+            if layer:
+                layers.add(layer[1])
+        routed = rules.routed_expert(prefix)
+        if routed:
+            experts.setdefault(routed["layer"], set()).add(routed["expert"])
+            continue
+        shared_in = rules.shared_expert_layer(prefix)
+        if shared_in is not None:
+            shared.add(shared_in)
+        elif ".indexer." in prefix:
+            indexers.add(prefix.partition(".indexer.")[0])
+    return _Structure(
+        layers=len(layers),
+        moe_layers=len(experts),
+        routed_experts=max((len(e) for e in experts.values()), default=0),
+        shared_expert_layers=len(shared),
+        mtp_layers=sorted(mtp, key=natural_key),
+        indexer_layers=len(indexers),
+    )
+
+
+def _module_weights(tensors: dict[str, TensorEntry]) -> dict[str, TensorEntry]:
+    """Module prefix -> its weight, for every `.weight` of two or more dimensions."""
+    return {
+        name[: -len(WEIGHT_SUFFIX)]: entry
+        for name, entry in tensors.items()
+        if name.endswith(WEIGHT_SUFFIX) and len(entry.shape) >= 2
+    }
+
+
+def _groups(
+    modules: dict[str, TensorEntry], type_of, scheme_types: dict[str, dict[str, str]] | None = None
+) -> list[ModuleGroup]:
+    grouped: dict[str, list[str]] = {}
+    for prefix in modules:
+        grouped.setdefault(module_pattern(prefix), []).append(prefix)
+    groups = []
+    for pattern in sorted(grouped, key=natural_key):
+        members = grouped[pattern]
+        schemes = None
+        if scheme_types is not None:
+            schemes = {
+                scheme: _count(written.get(m, FLOAT) for m in members) for scheme, written in scheme_types.items()
+            }
+        groups.append(
+            ModuleGroup(
+                pattern,
+                len(members),
+                _count(type_of(m) or UNDESCRIBED for m in members),
+                _count(modules[m].dtype for m in members),
+                schemes,
+            )
+        )
+    return groups
+
+
+def _count(values) -> dict[str, int]:
+    counts = Counter(values)
+    return {k: counts[k] for k in sorted(counts, key=lambda k: (RANK.get(k, -1), k))}
+
+
+def _rows(tensors: dict[str, TensorEntry], glob: str | None, quant_type_of) -> list[TensorRow] | None:
+    if glob is None:
+        return None
+    names = sorted((n for n in tensors if fnmatch.fnmatchcase(n, glob)), key=natural_key)
+    return [
+        TensorRow(n, tensors[n].dtype, tensors[n].shape, quant_type_of(n), tensors[n].path.name, tensors[n].nbytes)
+        for n in names
+    ]
