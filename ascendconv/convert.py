@@ -35,7 +35,8 @@ from ascendconv.io.source import Fp8Linear, SourceCheckpoint, find_quantization_
 from ascendconv.options import KERNELS, ConvertOptions
 from ascendconv.parts import PART_MANIFEST_NAME, part_shards, write_part_manifest
 from ascendconv.ascendv1 import DESCRIPTION_NAME, INDEX_NAME, PROVENANCE_NAME
-from ascendconv.plan import Deployment, OutputKind, OutputTensor, Plan, Planner
+from ascendconv.decide import Deployment
+from ascendconv.plan import OutputKind, OutputTensor, Plan, Planner
 from ascendconv.resume import (
     LEDGER_NAME,
     Ledger,

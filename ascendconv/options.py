@@ -16,7 +16,7 @@ from typing import Callable
 from ascendconv.errors import BadOptionError
 from ascendconv.formats.constants import FLOAT, W4A8_MXFP, W8A8_MXFP8, ResolveDtype, ScaleRule
 from ascendconv.ascendv1 import DEFAULT_MAX_SHARD_SIZE
-from ascendconv.plan import Deployment, Override, Scheme
+from ascendconv.decide import Deployment, Override, Scheme
 
 
 class KernelName(str, Enum):

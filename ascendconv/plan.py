@@ -1,13 +1,13 @@
 """Pure planning: from headers and config alone, decide every tensor's fate and every shard.
 
 Nothing here reads tensor data or writes a file. `make_plan` is what `convert --dry-run` prints and
-what `convert` executes; `inspect` uses it to estimate what each scheme would produce.
+what `convert` executes; `inspect` uses it to estimate what each scheme would produce. Each FP8
+linear's type is decided in decide.py; this module turns the decisions into the package's tensors,
+shards and small files.
 """
 
 from __future__ import annotations
 
-import fnmatch
-import functools
 import re
 from dataclasses import dataclass, field
 from enum import Enum
@@ -21,239 +21,30 @@ from ascendconv.ascendv1 import (
     description_document,
     written_by_package,
 )
+from ascendconv.decide import (
+    GENERIC_RULES,
+    Deployment,
+    ModuleDecision,
+    ModuleFacts,
+    Override,
+    decide_modules,
+    group_members,
+    module_facts,
+    module_pattern,
+)
 from ascendconv.errors import BadOptionError
 from ascendconv.gcpause import gc_paused
-from ascendconv.formats.constants import FLOAT, W4A8_MXFP, W8A8_MXFP8
+from ascendconv.formats.constants import FLOAT
 from ascendconv.io.safetensors import TensorEntry, TensorSpec
 from ascendconv.io.source import Fp8Linear
-from ascendconv.models import ModelRules, rules_for, tp_role
+from ascendconv.models import ModelRules, rules_for
 
-
-
-class Scheme(str, Enum):
-    """What convert writes: W8A8 everywhere, W4A8 everywhere, or W4A8 experts and W8A8 the rest."""
-
-    W8A8_MXFP8 = "w8a8-mxfp8"
-    W4A8_MXFP = "w4a8-mxfp"
-    W4A8_MXFP_MOE = "w4a8-mxfp-moe"
-
-
-SCHEMES = tuple(scheme.value for scheme in Scheme)
-SCHEME_REASONS = {scheme: f"scheme {scheme}" for scheme in SCHEMES}
 RESOLVE_DTYPES = ("bf16", "fp32")
 
 # Files of the source directory never carried into the package: weights in any format, and the
 # source's own index. vLLM loads every *.safetensors in the directory.
 WEIGHT_FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf", ".onnx")
 SKIPPED_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
-
-
-@dataclass(frozen=True)
-class Override:
-    glob: str
-    quant_type: str
-
-    @classmethod
-    def parse(cls, text: str) -> "Override":
-        glob, sep, quant_type = text.rpartition("=")
-        if not sep or not glob:
-            raise BadOptionError(f"--override {text!r}: expected GLOB=TYPE", "e.g. --override 'model.layers.0.*=FLOAT'")
-        if quant_type not in QUANT_TYPES:
-            raise BadOptionError(
-                f"--override {text!r}: unknown type {quant_type!r}", f"TYPE is one of {', '.join(QUANT_TYPES)}"
-            )
-        return cls(glob, quant_type)
-
-
-GENERIC_RULES = rules_for(None)
-
-
-@dataclass(frozen=True)
-class Deployment:
-    """How vLLM will run the package: the plan checks each type's K rule per rank.
-
-    tp: tensor-parallel ranks (row-parallel linears split K over them). ep: expert parallelism
-    (routed experts are placed whole on ranks, never split). shared_experts_as_routed: shared
-    experts take the routed experts' type and rules (vllm-ascend's mix_placement loads them into the
-    routed experts' tensor).
-    """
-
-    tp: int = 1
-    ep: bool = False
-    shared_experts_as_routed: bool = False
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.tp, int) or self.tp < 1:
-            raise BadOptionError(f"--tp {self.tp}: the tensor-parallel size must be at least 1")
-
-    def to_dict(self) -> dict:
-        return {"tp": self.tp, "ep": self.ep, "shared_experts_as_routed": self.shared_experts_as_routed}
-
-
-def packed_group(prefix: str, rules: ModelRules = GENERIC_RULES) -> str:
-    """The group a module's type is decided with: a whole MoE layer, a packed set, or itself."""
-    return rules.packed_group(prefix)
-
-
-NUMBERED_SEGMENT = re.compile(r"(?<=\.)\d+(?=\.|$)")
-
-
-def module_pattern(name: str) -> str:
-    """A module name with its layer and expert numbers (every numeric segment) replaced by '*'."""
-    return NUMBERED_SEGMENT.sub("*", name)
-
-
-def is_routed_expert(prefix: str, rules: ModelRules = GENERIC_RULES) -> bool:
-    return rules.routed_expert(prefix) is not None
-
-
-def requested_type(
-    prefix: str, scheme: str, overrides: list[Override], kept_float: str | None = None, routed: bool = False
-) -> tuple[str, str]:
-    """The type the user asked for and where that came from (`kept_float`: why the model's rules
-    keep the module FLOAT, if they do)."""
-    if kept_float:
-        wanted, why = FLOAT, kept_float
-    elif scheme == "w8a8-mxfp8":
-        wanted, why = W8A8_MXFP8, SCHEME_REASONS[scheme]
-    elif scheme == "w4a8-mxfp" or routed:
-        wanted, why = W4A8_MXFP, SCHEME_REASONS[scheme]
-    else:
-        wanted, why = W8A8_MXFP8, SCHEME_REASONS[scheme]
-    for override in overrides:
-        if fnmatch.fnmatchcase(prefix, override.glob):
-            wanted, why = override.quant_type, f"--override {override.glob}={override.quant_type}"
-    return wanted, why
-
-
-def alignment_problem(quant_type: str, k: int, routed: bool, k_label: str | None = None) -> str | None:
-    """Why a weight with reduction size K (per rank) cannot take `quant_type`, or None if it can."""
-    return QUANT_TYPES[quant_type].k_problem(k, routed, k_label)
-
-
-def rank_k(prefix: str, k: int, routed: bool, deployment: Deployment) -> tuple[int | None, str]:
-    """K as one rank sees it (None if K does not split) and how to say it.
-
-    Row-parallel linears split K over the tensor-parallel ranks; with expert parallelism routed
-    experts are placed whole, so they keep their K.
-    """
-    tp = deployment.tp
-    if tp == 1 or tp_role(prefix) != "row" or (routed and deployment.ep):
-        return k, f"K={k}"
-    if k % tp:
-        return None, f"K={k} does not split over --tp {tp} ranks"
-    return k // tp, f"K/T = {k}/{tp} = {k // tp}"
-
-
-@functools.lru_cache(maxsize=4096)  # few distinct (type, K) pairs in a checkpoint, met thousands of times
-def best_feasible(requested: str, k: int | None, routed: bool, k_label: str | None = None) -> tuple[str, str | None]:
-    """Walk the fallback chain W4A8_MXFP -> W8A8_MXFP8 -> FLOAT down to the first type that fits."""
-    if k is None:
-        return FLOAT, None if requested == FLOAT else k_label
-    chain = [t for t in (W4A8_MXFP, W8A8_MXFP8, FLOAT) if RANK[t] <= RANK[requested]]
-    first_reason = None
-    for quant_type in chain:
-        problem = alignment_problem(quant_type, k, routed, k_label)
-        if problem is None:
-            return quant_type, first_reason
-        first_reason = first_reason or problem
-    raise AssertionError("FLOAT always fits")
-
-
-@dataclass(slots=True)
-class ModuleDecision:
-    module: str
-    group: str
-    shape: tuple[int, int]
-    requested: str
-    written: str
-    reason: str  # why `written`, in words
-
-    @property
-    def is_fallback(self) -> bool:
-        return self.written != self.requested
-
-    def to_dict(self) -> dict:
-        return {"module": self.module, "requested": self.requested, "written": self.written, "reason": self.reason}
-
-
-@dataclass(frozen=True)
-class ModuleFacts:
-    """What the model's rules and the deployment say about one FP8 linear, whatever the scheme."""
-
-    group: str  # decided together: a MoE layer ('....experts'), a fused module, or itself
-    routed: bool  # a routed expert (or a shared one placed with them): the MoE kernels' K rule
-    kept_float: str | None  # why the model's rules keep it FLOAT, if they do
-    mtp: bool  # in a multi-token-prediction layer
-    k: int | None  # K as one rank sees it (None: K does not split over the ranks)
-    k_label: str  # how to say K in a reason
-
-
-def module_facts(
-    linears: dict[str, Fp8Linear], rules: ModelRules = GENERIC_RULES, deployment: Deployment = Deployment()
-) -> dict[str, ModuleFacts]:
-    facts = {}
-    for prefix, linear in linears.items():
-        expert = rules.routed_expert(prefix)
-        routed = expert is not None
-        group = expert["layer"] + ".experts" if routed else rules.packed_group(prefix)
-        if deployment.shared_experts_as_routed and not routed:
-            shared_in = rules.shared_expert_layer(prefix)
-            if shared_in is not None:  # loaded into the routed experts' tensor: one of them
-                routed, group = True, shared_in + ".experts"
-        k, k_label = rank_k(prefix, linear.shape[1], routed, deployment)
-        facts[prefix] = ModuleFacts(group, routed, rules.default_float(prefix), rules.is_mtp(prefix), k, k_label)
-    return facts
-
-
-def group_members(facts: dict[str, ModuleFacts]) -> dict[str, list[str]]:
-    groups: dict[str, list[str]] = {}
-    for prefix, fact in facts.items():
-        groups.setdefault(fact.group, []).append(prefix)
-    return groups
-
-
-def decide_modules(
-    linears: dict[str, Fp8Linear],
-    scheme: str,
-    overrides: list[Override],
-    facts: dict[str, ModuleFacts] | None = None,
-    groups: dict[str, list[str]] | None = None,
-) -> dict[str, ModuleDecision]:
-    """Every FP8 linear's written type and why. `facts` and `groups` (module_facts, group_members)
-    are computed here unless given: a Planner computes them once for every scheme."""
-    if scheme not in SCHEMES:
-        raise BadOptionError(f"unknown scheme {scheme!r}", f"choose one of {', '.join(SCHEMES)}")
-    facts = facts if facts is not None else module_facts(linears)
-    groups = groups if groups is not None else group_members(facts)
-    decisions: dict[str, ModuleDecision] = {}
-    for group, members in groups.items():
-        wants, fits = [], []
-        for prefix in members:
-            fact = facts[prefix]
-            want = requested_type(prefix, scheme, overrides, fact.kept_float, fact.routed)
-            wants.append(want)
-            fits.append(best_feasible(want[0], fact.k, fact.routed, fact.k_label))
-        group_type = min((fit[0] for fit in fits), key=RANK.__getitem__)
-        at = next(i for i, fit in enumerate(fits) if fit[0] == group_type)
-        limiting, limiting_fit, limiting_want = members[at], fits[at], wants[at]
-        # vllm-ascend reads a MoE layer's type from its first expert and a fused module's from one
-        # member: the whole group takes the lowest type any member needs
-        if group.endswith(".experts"):
-            joined = f"one type per MoE layer; {limiting[len(group) - len('experts'):]}"
-        else:
-            joined = f"packed with {limiting}"
-        for prefix, (requested, why), (fit_type, fit_reason) in zip(members, wants, fits):
-            if group_type == requested:
-                reason = why
-            elif fit_type == group_type and fit_reason:
-                reason = fit_reason
-            elif limiting_fit[1]:
-                reason = f"{joined}: {limiting_fit[1]}"
-            else:
-                reason = f"{joined} was requested as {limiting_want[0]} ({limiting_want[1]})"
-            decisions[prefix] = ModuleDecision(prefix, group, linears[prefix].shape, requested, group_type, reason)
-    return decisions
 
 
 class OutputKind(str, Enum):

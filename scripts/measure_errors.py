@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ascendconv.convert import ConvertOptions, convert
 from ascendconv.formats.constants import SCALE_RULES, W4A8_MXFP, W8A8_MXFP8
-from ascendconv.plan import SCHEMES
+from ascendconv.decide import SCHEMES
 from ascendconv.verify import VerifyOptions, verify
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"

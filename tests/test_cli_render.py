@@ -13,7 +13,7 @@ from ascendconv.convert import ConvertOptions, convert
 from ascendconv.formats.constants import ResolveDtype, ScaleRule
 from ascendconv.inspect import inspect_path
 from ascendconv.options import KernelName
-from ascendconv.plan import Scheme
+from ascendconv.decide import Scheme
 from ascendconv.verify import VerifyOptions, verify
 from conftest import FIXTURES
 

@@ -19,7 +19,7 @@ from ascendconv.convert import planner_for
 from ascendconv.inspect import inspect_path
 from ascendconv.io.source import SourceCheckpoint
 from ascendconv.models import INDEXER_WK_REASON, KV_B_REASON, MTP_REASON
-from ascendconv.plan import SCHEMES, Deployment
+from ascendconv.decide import SCHEMES, Deployment
 from fullscale import FAMILIES, write_sparse_checkpoint
 
 # Published totals (model-families.md): tensors, and bytes or GiB rounded to 2 places.

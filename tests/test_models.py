@@ -11,7 +11,7 @@ from ascendconv.models import (
     rules_for,
     tp_role,
 )
-from ascendconv.plan import Deployment, Override
+from ascendconv.decide import Deployment, Override
 
 from test_plan import fp8, moe_layer, plan_of, written
 

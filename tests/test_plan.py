@@ -8,7 +8,8 @@ import pytest
 from ascendconv.errors import BadOptionError
 from ascendconv.io.safetensors import TensorEntry, tensor_nbytes
 from ascendconv.io.source import pair_fp8_linears
-from ascendconv.plan import Override, assign_shards, files_to_copy, make_plan, packed_group, parse_size
+from ascendconv.decide import Override, packed_group
+from ascendconv.plan import assign_shards, files_to_copy, make_plan, parse_size
 
 BLOCK = (128, 128)
 

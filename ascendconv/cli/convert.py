@@ -28,7 +28,7 @@ from ascendconv.cli.options import (
 from ascendconv.cli.progress import byte_progress
 from ascendconv.formats.constants import ResolveDtype, ScaleRule
 from ascendconv.options import ConvertOptions, KernelName
-from ascendconv.plan import Deployment, Scheme
+from ascendconv.decide import Deployment, Scheme
 
 
 @app.command()
@@ -79,7 +79,8 @@ def convert(
     from ascendconv.convert import convert as run_convert
     from ascendconv.io.hfcache import resolve_source
     from ascendconv.parts import parse_part
-    from ascendconv.plan import Override, parse_size
+    from ascendconv.decide import Override
+    from ascendconv.plan import parse_size
 
     # A one-shot process: every full collection would walk the objects numba and numpy created at
     # import, for nothing. Move them out of the collector's way (this also spares the final

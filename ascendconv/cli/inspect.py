@@ -9,7 +9,7 @@ import typer
 from ascendconv.cli import app, print_json, run
 from ascendconv.cli.console import out
 from ascendconv.cli.options import AsJson, Ep, SharedAsRouted, Tp
-from ascendconv.plan import Deployment
+from ascendconv.decide import Deployment
 
 
 @app.command("inspect")

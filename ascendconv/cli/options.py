@@ -12,7 +12,7 @@ from typing import Annotated
 
 from ascendconv.formats.constants import ResolveDtype, ScaleRule
 from ascendconv.options import KernelName
-from ascendconv.plan import Scheme
+from ascendconv.decide import Scheme
 
 AsJson = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar; print only what the command says it keeps.")]

@@ -34,7 +34,7 @@ from ascendconv.inspect.source import inspect_source
 from ascendconv.io.hfcache import resolve_source
 from ascendconv.io.package import is_package
 from ascendconv.io.source import find_quantization_config, load_config
-from ascendconv.plan import Deployment
+from ascendconv.decide import Deployment
 
 
 @gc_paused()  # a full-scale report builds several hundred thousand objects and no cycles

@@ -24,7 +24,8 @@ from ascendconv.inspect.summary import (
 from ascendconv.io.source import INDEX_NAME as SOURCE_INDEX_NAME
 from ascendconv.io.source import SourceCheckpoint, find_quantization_config
 from ascendconv.models import rules_for
-from ascendconv.plan import SCHEMES, Deployment, Plan, module_pattern
+from ascendconv.decide import SCHEMES, Deployment, module_pattern
+from ascendconv.plan import Plan
 
 
 def inspect_source(root: Path, glob: str | None, deployment: Deployment) -> InspectReport:

@@ -14,7 +14,7 @@ from ascendconv.inspect.report import CountBytes, ModuleGroup, TensorRow
 from ascendconv.io.safetensors import TensorEntry
 from ascendconv.io.source import WEIGHT_SUFFIX
 from ascendconv.models import ModelRules, expert_count, model_type_of
-from ascendconv.plan import module_pattern
+from ascendconv.decide import module_pattern
 
 # Quant type of a source tensor: an F8_E4M3 weight and its weight_scale_inv are "FP8_BLOCK" (the
 # package labels an MX weight and its scale alike), everything else is FLOAT.

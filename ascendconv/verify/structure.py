@@ -20,7 +20,7 @@ from ascendconv.errors import shown
 from ascendconv.formats.constants import FLOAT, GROUP_SIZE
 from ascendconv.io.rules import moe_coverage_problems
 from ascendconv.models import tp_role
-from ascendconv.plan import (
+from ascendconv.decide import (
     Deployment,
     alignment_problem,
     is_routed_expert,

@@ -52,7 +52,7 @@ def render_convert(result, out: Console, err: Console) -> None:
 
 def fallback_rows(fallbacks) -> list[list[str]]:
     """One row per (module pattern, requested, written, reason with numbers as *)."""
-    from ascendconv.plan import module_pattern
+    from ascendconv.decide import module_pattern
 
     merged: dict[tuple, list] = {}
     for fb in fallbacks:
