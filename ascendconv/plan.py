@@ -8,7 +8,6 @@ shards and small files.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -356,16 +355,3 @@ def make_plan(
     """One plan: `Planner(...).plan(...)`."""
     planner = Planner(tensors, linears, source_files, bytes_in, config, deployment, unsafe_files)
     return planner.plan(scheme, scale_rule, resolve_dtype, overrides, max_shard_size)
-
-
-_SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-               "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-
-
-def parse_size(text: str) -> int:
-    """'4GiB', '500MB', '0' -> bytes."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
-    unit = match[2].upper() if match else None
-    if not match or unit not in _SIZE_UNITS:
-        raise BadOptionError(f"cannot read size {text!r}", "use a number with an optional unit: 500MB, 2GiB, 0")
-    return int(float(match[1]) * _SIZE_UNITS[unit])

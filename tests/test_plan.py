@@ -9,7 +9,8 @@ from ascendconv.errors import BadOptionError
 from ascendconv.io.safetensors import TensorEntry, tensor_nbytes
 from ascendconv.io.source import pair_fp8_linears
 from ascendconv.decide import Override, packed_group
-from ascendconv.plan import assign_shards, files_to_copy, make_plan, parse_size
+from ascendconv.options import parse_size
+from ascendconv.plan import assign_shards, files_to_copy, make_plan
 
 BLOCK = (128, 128)
 

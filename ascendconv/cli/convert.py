@@ -27,7 +27,7 @@ from ascendconv.cli.options import (
 )
 from ascendconv.cli.progress import byte_progress
 from ascendconv.formats.constants import ResolveDtype, ScaleRule
-from ascendconv.options import ConvertOptions, KernelName
+from ascendconv.options import ConvertOptions, KernelName, parse_size
 from ascendconv.decide import Deployment, Scheme
 
 
@@ -80,7 +80,6 @@ def convert(
     from ascendconv.io.hfcache import resolve_source
     from ascendconv.parts import parse_part
     from ascendconv.decide import Override
-    from ascendconv.plan import parse_size
 
     # A one-shot process: every full collection would walk the objects numba and numpy created at
     # import, for nothing. Move them out of the collector's way (this also spares the final
