@@ -13,12 +13,15 @@ import functools
 import re
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from ascendconv.ascendv1 import QUANT_TYPES, RANK
 from ascendconv.errors import BadOptionError
 from ascendconv.formats.constants import FLOAT, W4A8_MXFP, W8A8_MXFP8
-from ascendconv.io.source import Fp8Linear
 from ascendconv.models import ModelRules, rules_for, tp_role
+
+if TYPE_CHECKING:  # an annotation only: the CLI imports this module and need not load the source reader
+    from ascendconv.io.source import Fp8Linear
 
 
 class Scheme(str, Enum):

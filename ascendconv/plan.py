@@ -33,12 +33,11 @@ from ascendconv.decide import (
 )
 from ascendconv.errors import BadOptionError
 from ascendconv.gcpause import gc_paused
-from ascendconv.formats.constants import FLOAT
+from ascendconv.formats.constants import FLOAT, RESOLVE_DTYPES
 from ascendconv.io.safetensors import TensorEntry, TensorSpec
 from ascendconv.io.source import Fp8Linear
 from ascendconv.models import ModelRules, rules_for
 
-RESOLVE_DTYPES = ("bf16", "fp32")
 
 # Files of the source directory never carried into the package: weights in any format, and the
 # source's own index. vLLM loads every *.safetensors in the directory.

@@ -56,6 +56,9 @@ class ResolveDtype(str, Enum):
     FP32 = "fp32"
 
 
+RESOLVE_DTYPES = tuple(d.value for d in ResolveDtype)
+
+
 # Quant type strings of quant_model_description.json (contract section 3 table; "W4A8_MXFP", not "...MXFP4").
 W8A8_MXFP8 = "W8A8_MXFP8"
 W4A8_MXFP = "W4A8_MXFP"

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .constants import RESOLVE_DTYPES
 from .elements import bf16_round, decode_e4m3, exact_float32
-
-RESOLVE_DTYPES = ("bf16", "fp32")
 
 
 def resolve_tiles(

@@ -90,13 +90,15 @@ def _verify(
     progress: Progress | None,
     notice: Notice | None,
 ) -> VerifyReport:
-    from ascendconv.io.source import SourceCheckpoint
-
     started = time.perf_counter()
     options = options or VerifyOptions()
     options.validate()
     pkg = Package.open(package)
-    source = SourceCheckpoint.open(options.source) if options.source is not None else None
+    source = None
+    if options.source is not None:
+        from ascendconv.io.source import SourceCheckpoint
+
+        source = SourceCheckpoint.open(options.source)
     try:
         lay = _Layout(pkg)
         if options.on_npu:

@@ -17,10 +17,9 @@ from ascendconv.ascendv1 import PROVENANCE_NAME
 from ascendconv.errors import HeaderError, NonFiniteScaleError
 from ascendconv.formats import requantize, resolve
 from ascendconv.ascendv1 import MX_TYPES, QUANT_TYPES
-from ascendconv.formats.constants import FLOAT, GROUP_SIZE, SCALE_RULES
+from ascendconv.formats.constants import FLOAT, GROUP_SIZE, RESOLVE_DTYPES, SCALE_RULES
 from ascendconv.formats.metrics import ErrorAccumulator, ErrorStats
 from ascendconv.io.safetensors import TensorEntry, TensorReader
-from ascendconv.plan import RESOLVE_DTYPES
 from ascendconv.verify.checks import STRUCTURAL_HINT, make_check
 from ascendconv.verify.layout import CHUNK_BYTES, FLOAT_DTYPES, _Layout, _Module, _row_chunks
 from ascendconv.verify.rows import _dequantize, _mapped_rows, _read_package_rows

@@ -6,11 +6,10 @@ import math
 
 from ascendconv.ascendv1 import PROVENANCE_NAME
 from ascendconv.errors import HeaderError, shown
-from ascendconv.formats.constants import E8M0_NAN, SCALE_RULES
+from ascendconv.formats.constants import E8M0_NAN, RESOLVE_DTYPES, SCALE_RULES
 from ascendconv.io.checksum import ALGORITHMS, file_digest, recorded_checksum
 from ascendconv.io.files import file_size
 from ascendconv.io.safetensors import TensorEntry, TensorReader, itemsize, nonfinite_count
-from ascendconv.plan import RESOLVE_DTYPES
 from ascendconv.verify.checks import make_check, skip_check
 from ascendconv.verify.layout import FLOAT_DTYPES, _Layout, _row_chunks
 from ascendconv.options import VerifyProgress as Progress, VerifyOptions
