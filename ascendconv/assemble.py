@@ -18,7 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from ascendconv.convert import Progress, dump_json, provenance_document
+from ascendconv.package_files import dump_json, provenance_document
+from ascendconv.pipeline import Progress
 from ascendconv.errors import (
     DuplicatePartError,
     ForeignPartError,

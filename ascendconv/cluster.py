@@ -18,7 +18,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ascendconv.assemble import assemble_into, checked_parts
-from ascendconv.convert import ConvertOptions, ConvertResult, Kernel, Progress, convert, plan_for, space_to_write
+from ascendconv.convert import ConvertOptions, ConvertResult, convert, plan_for, space_to_write
+from ascendconv.pipeline import Kernel, Progress
 from ascendconv.errors import AscendconvError, PartFailedError, RayMissingError
 from ascendconv.io.outdir import StagedOutput, check_output, signals_interrupt
 from ascendconv.io.output import check_free_space, check_output_path, output_errors

@@ -578,7 +578,7 @@ def test_pipeline_bytes_do_not_depend_on_io_path_chunking_or_workers(tmp_path, m
     import json
     from pathlib import Path
 
-    import ascendconv.convert as convert_module
+    import ascendconv.pipeline as pipeline
     import ascendconv.io.safetensors as st_io
     from ascendconv.convert import ConvertOptions, convert
 
@@ -594,9 +594,9 @@ def test_pipeline_bytes_do_not_depend_on_io_path_chunking_or_workers(tmp_path, m
     monkeypatch.setattr(st_io, "DIRECT_IO_MIN_BYTES", 0)
     monkeypatch.setattr(st_io, "_DIRECT_BUFFER_BYTES", 8192)
     monkeypatch.setattr(st_io, "_DIRECT_BUFFERS", 2)
-    monkeypatch.setattr(convert_module, "CHUNK_ELEMENTS", {"numba": 5000, "reference": 5000})
-    monkeypatch.setattr(convert_module, "COPY_CHUNK_BYTES", 3000)
-    monkeypatch.setattr(convert_module, "PREFETCH_ITEMS", 1)
+    monkeypatch.setattr(pipeline, "CHUNK_ELEMENTS", {"numba": 5000, "reference": 5000})
+    monkeypatch.setattr(pipeline, "COPY_CHUNK_BYTES", 3000)
+    monkeypatch.setattr(pipeline, "PREFETCH_ITEMS", 1)
     for kernel, workers in [("numba", 1), ("numba", 3), ("reference", 2)]:
         out = tmp_path / f"{kernel}-{workers}"
         convert(fixture, out, ConvertOptions(**options, kernel=kernel, workers=workers))
@@ -617,7 +617,7 @@ def test_pipeline_failure_with_direct_io_leaves_nothing(tmp_path, monkeypatch):
     import time
     from pathlib import Path
 
-    import ascendconv.convert as convert_module
+    import ascendconv.pipeline as pipeline
     import ascendconv.io.safetensors as st_io
     from ascendconv.convert import ConvertOptions, convert
     from ascendconv.errors import NaNCodeError
@@ -633,7 +633,7 @@ def test_pipeline_failure_with_direct_io_leaves_nothing(tmp_path, monkeypatch):
     shard.write_bytes(bytes(raw))
     monkeypatch.setattr(st_io, "DIRECT_IO_MIN_BYTES", 0)
     monkeypatch.setattr(st_io, "_DIRECT_BUFFER_BYTES", 8192)
-    monkeypatch.setattr(convert_module, "CHUNK_ELEMENTS", {"numba": 5000, "reference": 5000})
+    monkeypatch.setattr(pipeline, "CHUNK_ELEMENTS", {"numba": 5000, "reference": 5000})
     before = threading.active_count()
     out = tmp_path / "out"
     with pytest.raises(NaNCodeError, match=weight.name):
@@ -650,16 +650,16 @@ def test_pipeline_failure_with_direct_io_leaves_nothing(tmp_path, monkeypatch):
 def test_workers_are_capped_at_the_core_count(tmp_path, monkeypatch):
     """--workers 1000 converts with one thread per core: buffers in flight, hence memory, do not
     grow with the option."""
-    import ascendconv.convert as convert_module
+    import ascendconv.pipeline as pipeline
     from ascendconv.convert import ConvertOptions, convert
 
     seen = []
-    real = convert_module.ThreadPoolExecutor
+    real = pipeline.ThreadPoolExecutor
 
     def recording(max_workers):
         seen.append(max_workers)
         return real(max_workers=max_workers)
 
-    monkeypatch.setattr(convert_module, "ThreadPoolExecutor", recording)
+    monkeypatch.setattr(pipeline, "ThreadPoolExecutor", recording)
     convert(FIXTURES / "qwen3-dense-fp8", tmp_path / "out", ConvertOptions(workers=1000))
     assert seen == [os.cpu_count()]

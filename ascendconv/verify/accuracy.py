@@ -123,7 +123,7 @@ def _module_measurable(lay: _Layout, module: _Module, linear) -> str | None:
 def _compare_source(
     lay: _Layout, source, options: VerifyOptions, progress: Progress | None, notice: Notice | None = None
 ) -> _SourceFindings:
-    from ascendconv.convert import source_fingerprint
+    from ascendconv.package_files import source_fingerprint
 
     found = _SourceFindings()
     prov = lay.pkg.record

@@ -1,0 +1,400 @@
+"""The threaded pipeline that turns a Plan into shards, with bounded memory.
+
+Three stages overlap: a reader thread prefetches source chunks, a pool of `workers` threads converts
+them (numpy and the numba kernels release the GIL), and a writer thread appends the results to the
+shard being written. Chunks are consumed in plan order whatever the number of workers, so the output
+bytes never depend on it. Nothing here prints.
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterator
+
+from ascendconv.errors import BadOptionError, NaNCodeError, NonFiniteValueError
+from ascendconv.formats.constants import E2M1, E4M3, W4A8_MXFP
+from ascendconv.io.safetensors import ShardWriter, TensorEntry
+from ascendconv.io.source import Fp8Linear, SourceCheckpoint
+from ascendconv.options import KERNELS
+from ascendconv.plan import OutputKind, OutputTensor, Plan
+
+if TYPE_CHECKING:
+    import numpy as np
+
+CHUNK_ELEMENTS = {"numba": 16 * 2**20, "reference": 4 * 2**20}  # source elements per work item
+COPY_CHUNK_BYTES = 16 * 2**20  # bytes per work item of a tensor copied as it is
+PREFETCH_ITEMS = 3  # chunks the reader may hold ahead of the workers
+SHARD_METADATA = {"format": "pt"}  # what torch-saved safetensors carry; loaders accept it
+
+Progress = Callable[[int, int], None]  # (source bytes done, source bytes total)
+Notice = Callable[[str], None]  # a one-line message for the user (the CLI prints it on stderr)
+
+
+class Kernel:
+    """The three operations convert needs on source rows, from one implementation."""
+
+    def __init__(self, name: str):
+        if name == "reference":
+            from ascendconv.formats import requantize as impl
+        elif name == "numba":
+            from ascendconv import kernels as impl
+        else:
+            raise BadOptionError(f"unknown kernel {name!r}", f"choose one of {', '.join(KERNELS)}")
+        self.name = name
+        self.requantize_rows = impl.requantize_rows
+        self.resolve_rows_bf16 = impl.resolve_rows_bf16
+        self.first_nan_code = impl.first_nan_code
+
+    def prepare(self, plan: Plan, block: tuple[int, int], notice: Notice | None) -> None:
+        """Compile (first run on a machine) or load the numba kernels the plan needs, before any
+        thread starts; the first time, say so through `notice`, then say how long it took."""
+        if self.name != "numba":
+            return
+        from ascendconv.kernels import compile_entry_points, entry_points_for
+
+        kinds = {t.kind for t in plan.tensors}
+        compile_entry_points(entry_points_for(OutputKind.MX_WEIGHT in kinds, OutputKind.RESOLVE in kinds, block), notice)
+
+
+@dataclass(frozen=True, slots=True)
+class WriteTensor:
+    """Bytes of one tensor, the next in its shard's order."""
+
+    name: str
+    data: "np.ndarray"
+
+
+@dataclass(frozen=True, slots=True)
+class CollectScales:
+    """Scale rows of an MX weight: gathered until its last rows are done, then written at once."""
+
+    name: str
+    rows: "np.ndarray"
+    last: bool
+
+
+@dataclass
+class WorkItem:
+    """A source byte range to read and what to make of it once read."""
+
+    entry: TensorEntry
+    start: int
+    count: int
+    compute: Callable[["np.ndarray"], list[WriteTensor | CollectScales]]  # the bytes read (uint8) -> what to write
+
+
+class BufferPool:
+    """Recycled uint8 buffers of one size for the chunks in flight.
+
+    Streaming a checkpoint through fresh buffers would touch (fault in and zero) as much new memory
+    as the checkpoint is large; recycling keeps the conversion on the same few pages. `take` never
+    waits: it hands out a free buffer or makes one, so the number of buffers is the most ever in
+    flight at once, which the pipeline's bounded queues limit. Requests larger than the pool's size
+    get a buffer of their own, never recycled.
+    """
+
+    def __init__(self, nbytes: int):
+        self.nbytes = nbytes
+        self._free: list[np.ndarray] = []
+        self._owned: dict[int, np.ndarray] = {}  # every buffer made, by id (held, so ids stay unique)
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> np.ndarray:
+        import numpy as np  # here and below, not at import: a dry run never needs numpy
+
+        if nbytes > self.nbytes:
+            return np.empty(nbytes, dtype=np.uint8)
+        with self._lock:
+            if self._free:
+                return self._free.pop()[:nbytes]
+            buffer = np.empty(self.nbytes, dtype=np.uint8)
+            self._owned[id(buffer)] = buffer
+        return buffer[:nbytes]
+
+    def give(self, given: set[int], array) -> None:
+        """Take back the pool buffer that `array` views, if it views one (once per buffer: `given`
+        holds the ids already taken back for one work item)."""
+        import numpy as np
+
+        base = array
+        while isinstance(base, np.ndarray) and self._owned.get(id(base)) is not base:
+            base = base.base
+        if not isinstance(base, np.ndarray) or id(base) in given:
+            return
+        given.add(id(base))
+        with self._lock:
+            self._free.append(base)
+
+
+def write_shards(
+    source: SourceCheckpoint,
+    plan: Plan,
+    kernel: Kernel,
+    staging: Path,
+    workers: int,
+    progress: Progress | None,
+    shards: list[int] | None = None,
+    on_closed: Callable[[str, str], None] | None = None,
+) -> dict[str, str]:
+    """Write the plan's shards (or only the numbers in `shards`) into `staging`; return each file's
+    checksum. `on_closed(file, checksum)` is called as each shard is finished."""
+    pools = {"out": BufferPool(2 * CHUNK_ELEMENTS[kernel.name])}
+    items = list(work_items(source, plan, kernel, pools, shards))
+    total = sum(item.count for item in items)
+    done = 0
+    prefetched: queue.Queue = queue.Queue(maxsize=PREFETCH_ITEMS)
+    to_write: queue.Queue = queue.Queue(maxsize=workers + 1)
+    stop = threading.Event()
+
+    def read_ahead() -> None:
+        try:
+            for item in items:
+                # mapped, not copied: populating a mapping of page-cache pages costs a third of
+                # copying them (0.06 against 0.19 s/GB here), and the mapping goes away with the
+                # last reference to it (once the chunk is written)
+                data = source.reader.map_range(item.entry, item.start, item.count)
+                while not stop.is_set():
+                    try:
+                        prefetched.put(data, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+        except BaseException as exc:  # handed to the main thread
+            prefetched.put(exc)
+
+    writer = PackageShardWriter(plan, staging, shards, on_closed)
+    writer_error: list[BaseException] = []
+
+    def write_behind() -> None:
+        try:
+            while True:
+                job = to_write.get()
+                if job is None:
+                    return
+                data, ops = job
+                if stop.is_set():
+                    continue  # failing: drain without writing
+                writer.apply(ops)
+                # the bytes are in the shard writer's hands now: recycle the item's buffers
+                given: set[int] = set()
+                for pool in pools.values():
+                    pool.give(given, data)
+                    for op in ops:
+                        if isinstance(op, WriteTensor):
+                            pool.give(given, op.data)
+        except BaseException as exc:
+            writer_error.append(exc)
+            while to_write.get() is not None:  # drain so the producer never blocks
+                pass
+
+    reader_thread = threading.Thread(target=read_ahead, daemon=True)
+    writer_thread = threading.Thread(target=write_behind, daemon=True)
+    reader_thread.start()
+    writer_thread.start()
+    try:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            pending: collections.deque = collections.deque()
+            for item in items:
+                data = prefetched.get()
+                if isinstance(data, BaseException):
+                    raise data
+                pending.append((item, data, pool.submit(item.compute, data)))
+                while len(pending) > workers:
+                    done = _hand_over(pending.popleft(), to_write, writer_error, done, total, progress)
+            while pending:
+                done = _hand_over(pending.popleft(), to_write, writer_error, done, total, progress)
+        to_write.put(None)
+        writer_thread.join()
+        if writer_error:
+            raise writer_error[0]
+        return writer.finish()
+    except BaseException:
+        stop.set()
+        to_write.put(None)
+        writer_thread.join()  # the shard writer is the writer thread's until it stops
+        writer.abort()
+        raise
+
+
+def _hand_over(job, to_write: queue.Queue, writer_error: list, done: int, total: int, progress: Progress | None) -> int:
+    item, data, future = job
+    ops = future.result()
+    if writer_error:
+        raise writer_error[0]
+    to_write.put((data, ops))
+    done += item.count
+    if progress:
+        progress(done, total)
+    return done
+
+
+class PackageShardWriter:
+    """Routes write operations to the shard each tensor was planned into, opening shards in turn
+    (all of the plan's, or the numbers in `shards`)."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        staging: Path,
+        shards: list[int] | None = None,
+        on_closed: Callable[[str, str], None] | None = None,
+    ):
+        self.plan = plan
+        self.staging = staging
+        self.order = list(range(len(plan.shards))) if shards is None else sorted(shards)
+        self.on_closed = on_closed
+        self.shard_of = {t.name: t.shard for t in plan.tensors}
+        self.current: ShardWriter | None = None
+        self.position = -1  # in `order`
+        self.digests: dict[str, str] = {}
+        self.collected: dict[str, list[np.ndarray]] = {}
+
+    def _writer_for(self, name: str) -> ShardWriter:
+        while self.position < 0 or self.order[self.position] < self.shard_of[name]:
+            self._open_next()
+        return self.current  # type: ignore[return-value]
+
+    def _open_next(self) -> None:
+        self._close_current()
+        self.position += 1
+        shard = self.plan.shards[self.order[self.position]]
+        self.current = ShardWriter(self.staging / shard.file, [t.spec for t in shard.tensors], SHARD_METADATA)
+
+    def _close_current(self) -> None:
+        if self.current is not None:
+            name, digest = self.current.path.name, self.current.close()
+            self.digests[name] = digest
+            self.current = None
+            if self.on_closed is not None:
+                self.on_closed(name, digest)
+
+    def apply(self, ops: list[WriteTensor | CollectScales]) -> None:
+        import numpy as np
+
+        for op in ops:
+            if isinstance(op, WriteTensor):
+                self._writer_for(op.name).write(op.name, op.data)
+                continue
+            self.collected.setdefault(op.name, []).append(op.rows)
+            if op.last:
+                parts = self.collected.pop(op.name)
+                self._writer_for(op.name).write(op.name, np.concatenate(parts) if len(parts) > 1 else parts[0])
+
+    def finish(self) -> dict[str, str]:
+        # Shards holding only empty tensors got no write; open them too so numbering has no holes.
+        while self.position < len(self.order) - 1:
+            self._open_next()
+        self._close_current()
+        return self.digests
+
+    def abort(self) -> None:
+        if self.current is not None:
+            self.current.abort()
+
+
+def work_items(
+    source: SourceCheckpoint,
+    plan: Plan,
+    kernel: Kernel,
+    pools: dict[str, BufferPool] | None = None,
+    shards: list[int] | None = None,
+) -> Iterator[WorkItem]:
+    linears = {linear.weight.name: linear for linear in source.linears.values()}
+    chunk_elements = CHUNK_ELEMENTS[kernel.name]
+    wanted = None if shards is None else set(shards)
+    for tensor in plan.tensors:
+        entry = source.tensors[tensor.source]
+        if wanted is not None and tensor.shard not in wanted:
+            continue
+        if tensor.kind is OutputKind.MX_SCALE:
+            continue  # produced with its weight
+        if entry.nbytes == 0:
+            continue
+        if tensor.kind is OutputKind.COPY:
+            step = COPY_CHUNK_BYTES
+            for start in range(0, entry.nbytes, step):
+                yield WorkItem(entry, start, min(step, entry.nbytes - start), _copy_op(tensor.name))
+        elif tensor.kind is OutputKind.BIAS_F32:
+            yield WorkItem(entry, 0, entry.nbytes, _bias_op(tensor.name, entry.dtype))
+        else:
+            yield from _linear_items(source, plan, kernel, tensor, linears[tensor.source], chunk_elements, pools)
+
+
+def _copy_op(name: str):
+    return lambda data: [WriteTensor(name, data)]
+
+
+def _bias_op(name: str, dtype: str):
+    import numpy as np
+
+    from ascendconv.io.safetensors import NUMPY_DTYPES
+
+    return lambda data: [WriteTensor(name, np.frombuffer(data, NUMPY_DTYPES[dtype]).astype(np.float32))]
+
+
+def _linear_items(
+    source: SourceCheckpoint,
+    plan: Plan,
+    kernel: Kernel,
+    tensor: OutputTensor,
+    linear: Fp8Linear,
+    chunk_elements: int,
+    pools: dict[str, BufferPool] | None = None,
+) -> Iterator[WorkItem]:
+    import numpy as np
+
+    n, k = linear.shape
+    scale = source.read_scale(linear)
+    block = source.quant.block
+    rows_per_chunk = max(1, chunk_elements // max(k, 1))
+    fmt = E2M1 if tensor.quant_type == W4A8_MXFP else E4M3
+    # output bytes per row: BF16 (resolve), E4M3 codes or packed E2M1
+    out_row_bytes = 2 * k if tensor.kind is OutputKind.RESOLVE else k if fmt is E4M3 else k // 2
+    scale_name = linear.prefix + ".weight_scale"
+
+    def check_nan(codes: np.ndarray, row_start: int) -> None:
+        nan_at = kernel.first_nan_code(codes)
+        if nan_at is not None:
+            raise NaNCodeError(
+                f"{linear.weight.path.name}: {linear.weight.name!r} holds a NaN code "
+                f"(0x{codes[nan_at]:02X}) at row {row_start + nan_at[0]}, column {nan_at[1]}"
+            )
+
+    for row_start in range(0, n, rows_per_chunk):
+        rows = min(rows_per_chunk, n - row_start)
+
+        def compute(data, row_start=row_start, rows=rows) -> list[tuple]:
+            codes = np.frombuffer(data, np.uint8).reshape(rows, k)
+            # the numba kernels write into recycled buffers (`out`); the reference allocates
+            out = {} if pools is None or kernel.name != "numba" else {"out": pools["out"].take(rows * out_row_bytes)}
+            if tensor.kind is OutputKind.RESOLVE:
+                check_nan(codes, row_start)
+                if out:
+                    out["out"] = out["out"].view(np.uint16).reshape(rows, k)
+                return [WriteTensor(tensor.name, kernel.resolve_rows_bf16(codes, scale, block, row_start, **out))]
+            if out:
+                out["out"] = out["out"].reshape(rows, -1)
+            try:
+                payload, scales = kernel.requantize_rows(
+                    codes, scale, block, row_start, plan.resolve_dtype, fmt, plan.scale_rule, **out
+                )
+            except ValueError as exc:
+                # Both kernels refuse non-finite input, NaN codes included, so the codes need no
+                # scan of their own on the way in: name the first NaN code if that was the cause,
+                # else the overflow of code x tile scale.
+                check_nan(codes, row_start)
+                raise NonFiniteValueError(
+                    f"{linear.weight.path.name}: {linear.weight.name!r} rows {row_start}..{row_start + rows - 1} "
+                    f"resolve to NaN/Inf with their tile scales from {linear.scale.name!r} ({exc})"
+                ) from exc
+            return [WriteTensor(tensor.name, payload), CollectScales(scale_name, scales, row_start + rows == n)]
+
+        yield WorkItem(linear.weight, row_start * k, rows * k, compute)
+
