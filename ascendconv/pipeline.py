@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 from ascendconv.errors import BadOptionError, NaNCodeError, NonFiniteValueError
 from ascendconv.formats.constants import E2M1, E4M3, W4A8_MXFP
-from ascendconv.io.safetensors import ShardWriter, TensorEntry
+from ascendconv.io.safetensors import TensorEntry
+from ascendconv.io.writer import ShardWriter
 from ascendconv.io.source import Fp8Linear, SourceCheckpoint
 from ascendconv.options import KERNELS
 from ascendconv.plan import OutputKind, OutputTensor, Plan

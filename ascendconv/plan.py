@@ -34,7 +34,8 @@ from ascendconv.decide import (
 from ascendconv.errors import BadOptionError
 from ascendconv.gcpause import gc_paused
 from ascendconv.formats.constants import FLOAT, RESOLVE_DTYPES
-from ascendconv.io.safetensors import TensorEntry, TensorSpec
+from ascendconv.io.safetensors import TensorEntry
+from ascendconv.io.writer import TensorSpec
 from ascendconv.io.source import Fp8Linear
 from ascendconv.models import ModelRules, rules_for
 

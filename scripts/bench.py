@@ -50,7 +50,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from ascendconv.io.safetensors import ShardWriter, TensorSpec
+from ascendconv.io.writer import ShardWriter, TensorSpec
 
 REPO = Path(__file__).resolve().parent.parent
 BUILD_VERSION = 1  # bump when the generator changes: the cache key includes it

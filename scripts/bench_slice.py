@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from bench import BLOCK, REPO, Command, ascendconv_command, clear, code_table, dir_bytes, tensor_bytes, warm
-from ascendconv.io.safetensors import ShardWriter, TensorSpec
+from ascendconv.io.writer import ShardWriter, TensorSpec
 
 HIDDEN = 7168
 MOE_INTERMEDIATE = 2048

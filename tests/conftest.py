@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ascendconv.io.safetensors import NUMPY_DTYPES, ShardWriter, TensorReader, TensorSpec, read_header
+from ascendconv.io.safetensors import NUMPY_DTYPES, TensorReader, read_header
+from ascendconv.io.writer import ShardWriter, TensorSpec
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 FIXTURE_NAMES = ("qwen3-dense-fp8", "qwen3-moe-fp8", "deepseek-v3-fp8")

@@ -116,7 +116,7 @@ def dumps_any(data) -> bytes:
 
 def save_tensors(path: Path, tensors: dict) -> None:
     """conftest.save_shard that also takes empty tensors (the writer expects no bytes for them)."""
-    from ascendconv.io.safetensors import ShardWriter, TensorSpec
+    from ascendconv.io.writer import ShardWriter, TensorSpec
 
     writer = ShardWriter(path, [TensorSpec(n, d, tuple(s)) for n, (d, s, _) in tensors.items()])
     for name, (_, _, data) in tensors.items():

@@ -31,7 +31,8 @@ from ascendconv.errors import (
 )
 from ascendconv.inspect import KIND_PACKAGE, KIND_PLAIN, KIND_SOURCE, inspect_path
 from ascendconv.decide import module_pattern
-from ascendconv.io.safetensors import ShardWriter, TensorReader, TensorSpec, read_header
+from ascendconv.io.safetensors import TensorReader, read_header
+from ascendconv.io.writer import ShardWriter, TensorSpec
 from ascendconv.io.source import SourceCheckpoint
 from conftest import FIXTURE_NAMES, FIXTURES, SCHEMES, load_shard, save_shard
 

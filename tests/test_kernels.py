@@ -579,7 +579,7 @@ def test_pipeline_bytes_do_not_depend_on_io_path_chunking_or_workers(tmp_path, m
     from pathlib import Path
 
     import ascendconv.pipeline as pipeline
-    import ascendconv.io.safetensors as st_io
+    import ascendconv.io.writer as writer_io
     from ascendconv.convert import ConvertOptions, convert
 
     fixture = Path(__file__).resolve().parent.parent / "fixtures" / "deepseek-v3-fp8"
@@ -591,9 +591,9 @@ def test_pipeline_bytes_do_not_depend_on_io_path_chunking_or_workers(tmp_path, m
     baseline = tmp_path / "baseline"
     convert(fixture, baseline, ConvertOptions(**options))
     expected = digests(baseline)
-    monkeypatch.setattr(st_io, "DIRECT_IO_MIN_BYTES", 0)
-    monkeypatch.setattr(st_io, "_DIRECT_BUFFER_BYTES", 8192)
-    monkeypatch.setattr(st_io, "_DIRECT_BUFFERS", 2)
+    monkeypatch.setattr(writer_io, "DIRECT_IO_MIN_BYTES", 0)
+    monkeypatch.setattr(writer_io, "_DIRECT_BUFFER_BYTES", 8192)
+    monkeypatch.setattr(writer_io, "_DIRECT_BUFFERS", 2)
     monkeypatch.setattr(pipeline, "CHUNK_ELEMENTS", {"numba": 5000, "reference": 5000})
     monkeypatch.setattr(pipeline, "COPY_CHUNK_BYTES", 3000)
     monkeypatch.setattr(pipeline, "PREFETCH_ITEMS", 1)
@@ -618,7 +618,7 @@ def test_pipeline_failure_with_direct_io_leaves_nothing(tmp_path, monkeypatch):
     from pathlib import Path
 
     import ascendconv.pipeline as pipeline
-    import ascendconv.io.safetensors as st_io
+    import ascendconv.io.writer as writer_io
     from ascendconv.convert import ConvertOptions, convert
     from ascendconv.errors import NaNCodeError
     from ascendconv.io.safetensors import read_header
@@ -631,8 +631,8 @@ def test_pipeline_failure_with_direct_io_leaves_nothing(tmp_path, monkeypatch):
     raw = bytearray(shard.read_bytes())
     raw[weight.offset + weight.nbytes - 1] = 0xFF
     shard.write_bytes(bytes(raw))
-    monkeypatch.setattr(st_io, "DIRECT_IO_MIN_BYTES", 0)
-    monkeypatch.setattr(st_io, "_DIRECT_BUFFER_BYTES", 8192)
+    monkeypatch.setattr(writer_io, "DIRECT_IO_MIN_BYTES", 0)
+    monkeypatch.setattr(writer_io, "_DIRECT_BUFFER_BYTES", 8192)
     monkeypatch.setattr(pipeline, "CHUNK_ELEMENTS", {"numba": 5000, "reference": 5000})
     before = threading.active_count()
     out = tmp_path / "out"

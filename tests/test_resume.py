@@ -19,7 +19,7 @@ from ascendconv.convert import ConvertOptions, convert, plan_for
 from ascendconv.errors import ResumeMismatchError
 from ascendconv.io.outdir import STAGING_TAG
 from ascendconv.io.checksum import CHECKSUM, file_digest
-from ascendconv.io.safetensors import ShardWriter, TensorSpec
+from ascendconv.io.writer import ShardWriter, TensorSpec
 from ascendconv.io.source import SourceCheckpoint
 from ascendconv.resume import LEDGER_NAME
 from conftest import write_large_checkpoint

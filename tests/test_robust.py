@@ -511,10 +511,10 @@ def ext4_fs(tmp_path):
 def test_disk_filling_under_direct_io_writes(ext4_fs, tmp_path, monkeypatch):
     """ENOSPC raised in the O_DIRECT sink's writer thread reaches the caller as NoSpaceError."""
     import ascendconv.convert as convert
-    import ascendconv.io.safetensors as safetensors
+    import ascendconv.io.writer as writer_io
 
     monkeypatch.setattr(convert, "check_free_space", lambda out, needed: None)  # filled meanwhile
-    monkeypatch.setattr(safetensors, "DIRECT_IO_MIN_BYTES", 0)  # the small fixture's shard goes through _DirectSink
+    monkeypatch.setattr(writer_io, "DIRECT_IO_MIN_BYTES", 0)  # the small fixture's shard goes through _DirectSink
     src = tmp_path / "src"
     shutil.copytree(FIXTURES / DENSE, src)
     st = os.statvfs(ext4_fs)

@@ -14,14 +14,8 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from ascendconv.errors import HeaderError, TruncatedFileError
-from ascendconv.io.safetensors import (
-    NUMPY_DTYPES,
-    ShardWriter,
-    TensorReader,
-    TensorSpec,
-    encode_header,
-    read_header,
-)
+from ascendconv.io.safetensors import NUMPY_DTYPES, TensorReader, read_header
+from ascendconv.io.writer import ShardWriter, TensorSpec, encode_header
 
 
 def test_reads_what_the_library_writes(tmp_path):
