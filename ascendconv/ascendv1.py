@@ -8,6 +8,7 @@ check by it. Pure: no I/O, no numpy.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 
@@ -124,6 +125,65 @@ def quant_type_named(label: object) -> QuantType | None:
 LEGACY_CHECKSUM = "sha256"  # what packages written before the "checksum" field recorded
 
 
+def _json_value(value):
+    """A record as the JSON the file holds: dataclasses as objects with their fields in declaration
+    order (the file's key order), tuples as lists."""
+    if dataclasses.is_dataclass(value):
+        return {f.name: _json_value(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [_json_value(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class SourceFileRecord:
+    """One source shard as provenance identifies it: its header and size, not its data."""
+
+    name: str
+    size: int
+    fingerprint: str  # sha256 of the header bytes and the size
+
+
+@dataclass(frozen=True)
+class SourceRecord:
+    name: str  # the source directory's name
+    quantization_config: str  # where config.json holds it ("quantization_config" or under "text_config")
+    weight_block_size: tuple[int, int]
+    files: tuple[SourceFileRecord, ...]
+
+
+@dataclass(frozen=True)
+class ProvenanceRecord:
+    """ascendconv_provenance.json as `convert` writes it, less the shard checksums: nothing in it
+    depends on the run (time, host, part), so a package assembled from parts carries the same file
+    as a one-process conversion. The fields, in this order, are the file's keys; `Provenance` reads
+    them back."""
+
+    tool: str
+    version: str
+    source: SourceRecord
+    scheme: str
+    scale_rule: str
+    resolve_dtype: str
+    kernel: str
+    fallbacks: tuple[dict, ...]  # plan.ModuleDecision.to_dict() of each fallback
+    source_nonfinite: dict[str, int]  # FLOAT tensor carried from the source -> its NaN / Inf values
+    checksum: str  # the algorithm of the shard digests
+
+    def base(self) -> dict:
+        """The record as JSON (what a part manifest keeps to write the provenance when assembled)."""
+        return _json_value(self)
+
+    def document(self, digests: dict[str, str]) -> dict:
+        return provenance_document(self.base(), digests)
+
+
+def provenance_document(base: dict, digests: dict[str, str]) -> dict:
+    """The provenance file: a record's JSON (`ProvenanceRecord.base`), then every shard's digest
+    under the record's checksum algorithm."""
+    return {**base, "shards": {name: {base["checksum"]: digest} for name, digest in sorted(digests.items())}}
+
+
 def _text(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
@@ -138,8 +198,7 @@ class Provenance:
     """ascendconv_provenance.json as read back: every field typed, None where the file does not hold
     a value of the right type (it is a file anyone may have edited; `verify` says what is wrong).
 
-    Written by `convert` (tool, version, source, scheme, scale_rule, resolve_dtype, kernel,
-    fallbacks, source_nonfinite, checksum, shards)."""
+    Written from a `ProvenanceRecord` (its fields, then shards)."""
 
     raw: dict
 

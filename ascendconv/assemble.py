@@ -18,7 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from ascendconv.package_files import dump_json, provenance_document
+from ascendconv.ascendv1 import provenance_document
+from ascendconv.package_files import dump_json
 from ascendconv.pipeline import Progress
 from ascendconv.errors import (
     DuplicatePartError,

@@ -19,7 +19,7 @@ from ascendconv.io.outdir import STAGING_TAG, StagedOutput, check_output, signal
 from ascendconv.io.output import check_free_space, check_output_path, output_errors, space_needed
 from ascendconv.io.source import SourceCheckpoint
 from ascendconv.options import KERNELS, ConvertOptions
-from ascendconv.package_files import copied_file_digests, provenance_base, write_package_files, write_plan_files
+from ascendconv.package_files import copied_file_digests, provenance_record, write_package_files, write_plan_files
 from ascendconv.parts import PART_MANIFEST_NAME, part_shards, write_part_manifest
 from ascendconv.decide import Deployment
 from ascendconv.pipeline import Kernel, Notice, Progress, write_shards
@@ -92,8 +92,8 @@ def convert(
             return ConvertResult(out, plan, options.kernel, time.perf_counter() - started, True, {}, 0, part=options.part)
         kernel = Kernel(options.kernel)
         with mapped_reads_guarded():  # the provenance counts NaN/Inf in copied tensors, read mapped
-            provenance = provenance_base(source, plan, kernel.name)
-        identity = plan_identity(provenance, plan, options, copied_file_digests(source, plan))
+            provenance = provenance_record(source, plan, kernel.name)
+        identity = plan_identity(provenance.base(), plan, options, copied_file_digests(source, plan))
         marker = PART_MANIFEST_NAME if options.part else DESCRIPTION_NAME
         check = lambda: check_output(out, source.root, options.overwrite, marker)  # noqa: E731
         check_output_path(out)  # first: names too long for the file system make stat() itself fail

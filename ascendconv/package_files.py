@@ -1,4 +1,5 @@
-"""The package's files around the shards: description, index, copied source files, provenance."""
+"""The package's files around the shards: description, index, copied source files, provenance
+(its record built from the source and the plan: `ascendv1.ProvenanceRecord`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ import shutil
 from pathlib import Path
 
 from ascendconv import __version__
-from ascendconv.ascendv1 import DESCRIPTION_NAME, INDEX_NAME, PROVENANCE_NAME
+from ascendconv.ascendv1 import (
+    DESCRIPTION_NAME,
+    INDEX_NAME,
+    PROVENANCE_NAME,
+    ProvenanceRecord,
+    SourceFileRecord,
+    SourceRecord,
+)
 from ascendconv.io.checksum import CHECKSUM
 from ascendconv.io.safetensors import nonfinite_count
 from ascendconv.io.source import SourceCheckpoint, find_quantization_config
@@ -85,37 +93,28 @@ def write_plan_files(source: SourceCheckpoint, plan: Plan, staging: Path) -> lis
     return written
 
 
-def write_package_files(source: SourceCheckpoint, plan: Plan, staging: Path, provenance: dict, digests: dict) -> None:
+def write_package_files(
+    source: SourceCheckpoint, plan: Plan, staging: Path, provenance: ProvenanceRecord, digests: dict[str, str]
+) -> None:
     write_plan_files(source, plan, staging)
-    dump_json(staging / PROVENANCE_NAME, provenance_document(provenance, digests))
+    dump_json(staging / PROVENANCE_NAME, provenance.document(digests))
 
 
-def provenance_document(base: dict, digests: dict[str, str]) -> dict:
-    """The provenance file: what `provenance_base` says, and every shard's checksum."""
-    return {**base, "shards": {name: {CHECKSUM: digest} for name, digest in sorted(digests.items())}}
-
-
-def provenance_base(source: SourceCheckpoint, plan: Plan, kernel: str) -> dict:
-    """Provenance without the shard checksums: nothing in it depends on the run (time, host, part),
-    so a package assembled from parts carries the same file as a one-process conversion."""
+def provenance_record(source: SourceCheckpoint, plan: Plan, kernel: str) -> ProvenanceRecord:
+    """What the package's provenance says besides the shard checksums."""
     _, location = find_quantization_config(source.config)
-    return {
-        "tool": "ascendconv",
-        "version": __version__,
-        "source": {
-            "name": source.root.name,
-            "quantization_config": location,
-            "weight_block_size": list(source.quant.block),
-            "files": [
-                {"name": h.path.name, "size": h.file_size, "fingerprint": source_fingerprint(h.header_bytes, h.file_size)}
-                for h in source.headers
-            ],
-        },
-        "scheme": plan.scheme,
-        "scale_rule": plan.scale_rule,
-        "resolve_dtype": plan.resolve_dtype,
-        "kernel": kernel,
-        "fallbacks": [d.to_dict() for d in plan.fallbacks],
-        "source_nonfinite": nonfinite_copies(source, plan),
-        "checksum": CHECKSUM,
-    }
+    files = tuple(
+        SourceFileRecord(h.path.name, h.file_size, source_fingerprint(h.header_bytes, h.file_size)) for h in source.headers
+    )
+    return ProvenanceRecord(
+        tool="ascendconv",
+        version=__version__,
+        source=SourceRecord(source.root.name, location, tuple(source.quant.block), files),
+        scheme=plan.scheme,
+        scale_rule=plan.scale_rule,
+        resolve_dtype=plan.resolve_dtype,
+        kernel=kernel,
+        fallbacks=tuple(d.to_dict() for d in plan.fallbacks),
+        source_nonfinite=nonfinite_copies(source, plan),
+        checksum=CHECKSUM,
+    )
