@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from ascendconv.assemble import assemble_into, checked_parts
@@ -24,18 +24,11 @@ from ascendconv.errors import AscendconvError, PartFailedError, RayMissingError
 from ascendconv.io.outdir import StagedOutput, check_output, signals_interrupt
 from ascendconv.io.output import check_free_space, check_output_path, output_errors
 from ascendconv.io.source import SourceCheckpoint
+from ascendconv.options import RayOptions
 from ascendconv.ascendv1 import DESCRIPTION_NAME
 from ascendconv.plan import OutputKind, Plan
 
 PROGRESS_EVERY = 0.25  # seconds between a task's progress reports
-
-
-@dataclass
-class RayOptions:
-    address: str | None = None  # None: the Ray instance this process already runs, else a new local one
-    parts: int = 0  # 0: one per task slot of the cluster, at most one per shard
-    cpus_per_task: int = 2
-    max_retries: int = 2  # attempts after the first, per part
 
 
 def import_ray():

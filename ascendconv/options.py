@@ -1,5 +1,5 @@
-"""convert's and verify's options: the one place their defaults are written (the CLI reads them
-from here).
+"""convert's (with --ray's) and verify's options: the one place their defaults are written (the CLI
+reads them from here).
 
 Kept apart from convert.py and verify/ so the command line can show the defaults and choices in
 `--help` without importing the converter, the checks or numpy.
@@ -60,6 +60,21 @@ class ConvertOptions:
     def __post_init__(self) -> None:
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 0:
             raise BadOptionError(f"--workers {self.workers}: must be 0 (every core) or a positive number")
+
+
+# --- convert --ray ---------------------------------------------------------------------------------
+
+DEFAULT_RAY_PARTS = 0  # one per task slot of the cluster, at most one per shard
+DEFAULT_RAY_CPUS_PER_TASK = 2
+DEFAULT_RAY_MAX_RETRIES = 2  # attempts after the first, per part
+
+
+@dataclass
+class RayOptions:
+    address: str | None = None  # None: the Ray instance this process already runs, else a new local one
+    parts: int = DEFAULT_RAY_PARTS
+    cpus_per_task: int = DEFAULT_RAY_CPUS_PER_TASK
+    max_retries: int = DEFAULT_RAY_MAX_RETRIES
 
 
 # --- verify --------------------------------------------------------------------------------------

@@ -117,6 +117,19 @@ def test_help_lists_every_choice_and_a_typo_is_a_usage_error(tmp_path):
     assert result.exit_code == 2 and "w8a8-mxf8" in result.output and not (tmp_path / "out").exists()
 
 
+def test_ray_option_defaults_are_ray_options_defaults():
+    """--ray-parts, --ray-cpus and --ray-retries show and pass what RayOptions() holds."""
+    import typer.main
+
+    from ascendconv.options import RayOptions
+
+    defaults = {p.name: p.default for p in typer.main.get_command(app).commands["convert"].params}
+    expected = RayOptions()
+    assert (defaults["ray_parts"], defaults["ray_cpus"], defaults["ray_retries"]) == (
+        expected.parts, expected.cpus_per_task, expected.max_retries
+    )
+
+
 @pytest.mark.parametrize("option", ["--scale-rule", "--resolve-dtype", "--kernel"])
 def test_every_choice_option_refuses_a_typo(tmp_path, option):
     result = runner.invoke(app, ["convert", str(DENSE), str(tmp_path / "out"), option, "nope", "--dry-run"])

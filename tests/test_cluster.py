@@ -36,7 +36,8 @@ def ray():
 
 
 def test_parts_as_ray_tasks_give_the_one_process_package(ray, converted, tmp_path):
-    from ascendconv.cluster import RayOptions, convert_on_ray
+    from ascendconv.cluster import convert_on_ray
+    from ascendconv.options import RayOptions
 
     golden = converted(FIXTURE, SCHEME, max_shard_size=LIMIT)
     seen = []
@@ -63,7 +64,8 @@ def test_the_command_line_runs_on_the_ray_instance_of_the_process(ray, converted
 
 
 def test_a_part_that_keeps_failing_fails_the_run_and_leaves_nothing(ray, fixture_copy, tmp_path):
-    from ascendconv.cluster import RayOptions, convert_on_ray
+    from ascendconv.cluster import convert_on_ray
+    from ascendconv.options import RayOptions
     from ascendconv.errors import NaNCodeError
 
     src = fixture_copy("qwen3-dense-fp8")
@@ -107,7 +109,8 @@ def task_processes(name: str) -> list[int]:
 
 
 def test_a_killed_task_is_retried_and_resumes_its_part(ray, tmp_path):
-    from ascendconv.cluster import RayOptions, convert_on_ray
+    from ascendconv.cluster import convert_on_ray
+    from ascendconv.options import RayOptions
 
     src = write_large_checkpoint(tmp_path / "src", shards=2, linears_per_shard=3, n=1024)
     options = ConvertOptions(kernel="reference", max_shard_size=10 * 10**6)  # slow enough to catch

@@ -27,7 +27,15 @@ from ascendconv.cli.options import (
 )
 from ascendconv.cli.progress import byte_progress
 from ascendconv.formats.constants import ResolveDtype, ScaleRule
-from ascendconv.options import ConvertOptions, KernelName, parse_size
+from ascendconv.options import (
+    DEFAULT_RAY_CPUS_PER_TASK,
+    DEFAULT_RAY_MAX_RETRIES,
+    DEFAULT_RAY_PARTS,
+    ConvertOptions,
+    KernelName,
+    RayOptions,
+    parse_size,
+)
 from ascendconv.decide import Deployment, Scheme
 
 
@@ -64,9 +72,13 @@ def convert(
     ray_address: Annotated[
         Optional[str], typer.Option(help="Ray cluster to join, e.g. auto or ray://head:10001 (implies --ray).")
     ] = None,
-    ray_parts: Annotated[int, typer.Option(help="Parts under --ray; 0: one per task slot, at most one per shard.")] = 0,
-    ray_cpus: Annotated[int, typer.Option(help="CPUs per Ray task (its conversion threads).")] = 2,
-    ray_retries: Annotated[int, typer.Option(help="Retries of a failed Ray task; each reuses the shards it finished.")] = 2,
+    ray_parts: Annotated[
+        int, typer.Option(help="Parts under --ray; 0: one per task slot, at most one per shard.")
+    ] = DEFAULT_RAY_PARTS,
+    ray_cpus: Annotated[int, typer.Option(help="CPUs per Ray task (its conversion threads).")] = DEFAULT_RAY_CPUS_PER_TASK,
+    ray_retries: Annotated[
+        int, typer.Option(help="Retries of a failed Ray task; each reuses the shards it finished.")
+    ] = DEFAULT_RAY_MAX_RETRIES,
     tp: Tp = Deployment.tp,
     ep: Ep = Deployment.ep,
     shared_experts_as_routed: SharedAsRouted = Deployment.shared_experts_as_routed,
@@ -118,7 +130,7 @@ def convert(
 
 def ray_runner(options: ConvertOptions, address: Optional[str], parts: int, cpus: int, retries: int) -> Callable:
     """convert's stand-in under --ray: the same call, run as Ray tasks."""
-    from ascendconv.cluster import RayOptions, convert_on_ray, import_ray
+    from ascendconv.cluster import convert_on_ray, import_ray
     from ascendconv.errors import BadOptionError
 
     if options.part or options.resume:
