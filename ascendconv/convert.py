@@ -21,7 +21,6 @@ from ascendconv.io.source import SourceCheckpoint
 from ascendconv.options import KERNELS, ConvertOptions
 from ascendconv.package_files import copied_file_digests, provenance_record, write_package_files, write_plan_files
 from ascendconv.parts import PART_MANIFEST_NAME, part_shards, write_part_manifest
-from ascendconv.decide import Deployment
 from ascendconv.pipeline import Kernel, Notice, Progress, write_shards
 from ascendconv.plan import Plan, Planner
 from ascendconv.resume import LEDGER_NAME, Ledger, adopter, plan_identity, recorded_shards, verify_in_background
@@ -55,15 +54,8 @@ class ConvertResult:
         }
 
 
-def planner_for(source: SourceCheckpoint, deployment: Deployment) -> Planner:
-    companions, unsafe = source.companion_files()
-    return Planner(
-        source.tensors, source.linears, companions, source.total_bytes, source.config, deployment, unsafe_files=unsafe
-    )
-
-
 def plan_for(source: SourceCheckpoint, options: ConvertOptions) -> Plan:
-    return planner_for(source, options.deployment).plan(
+    return Planner.for_source(source, options.deployment).plan(
         scheme=options.scheme,
         scale_rule=options.scale_rule,
         resolve_dtype=options.resolve_dtype,

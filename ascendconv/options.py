@@ -79,7 +79,7 @@ class RayOptions:
 
 # --- verify --------------------------------------------------------------------------------------
 
-Notice = Callable[[str], None]  # a one-line message for the user (the kernels' first compilation)
+Notice = Callable[[str], None]  # a one-line message for the user (the CLI prints it on stderr)
 VerifyProgress = Callable[[str, int, int], None]  # (phase, done, total); phases: scan, source, moe, npu
 
 # Defaults of the numerical thresholds (see docs/verify.md for how they were chosen).

@@ -21,7 +21,7 @@ from ascendconv.formats.constants import E2M1, E4M3, W4A8_MXFP
 from ascendconv.io.safetensors import TensorEntry
 from ascendconv.io.writer import ShardWriter
 from ascendconv.io.source import Fp8Linear, SourceCheckpoint
-from ascendconv.options import KERNELS
+from ascendconv.options import KERNELS, Notice
 from ascendconv.plan import OutputKind, OutputTensor, Plan
 
 if TYPE_CHECKING:
@@ -33,7 +33,6 @@ PREFETCH_ITEMS = 3  # chunks the reader may hold ahead of the workers
 SHARD_METADATA = {"format": "pt"}  # what torch-saved safetensors carry; loaders accept it
 
 Progress = Callable[[int, int], None]  # (source bytes done, source bytes total)
-Notice = Callable[[str], None]  # a one-line message for the user (the CLI prints it on stderr)
 
 
 class Kernel:

@@ -36,7 +36,7 @@ from ascendconv.gcpause import gc_paused
 from ascendconv.formats.constants import FLOAT, RESOLVE_DTYPES
 from ascendconv.io.safetensors import TensorEntry
 from ascendconv.io.writer import TensorSpec
-from ascendconv.io.source import Fp8Linear
+from ascendconv.io.source import Fp8Linear, SourceCheckpoint
 from ascendconv.models import ModelRules, rules_for
 
 
@@ -299,6 +299,14 @@ class Planner:
         self.facts = module_facts(linears, self.rules, self.deployment)
         self.groups = group_members(self.facts)
         self.layout = source_layout(tensors, linears)
+
+    @classmethod
+    def for_source(cls, source: SourceCheckpoint, deployment: Deployment) -> Planner:
+        """The planner of an opened source checkpoint (its headers, config and the files beside it)."""
+        companions, unsafe = source.companion_files()
+        return cls(
+            source.tensors, source.linears, companions, source.total_bytes, source.config, deployment, unsafe_files=unsafe
+        )
 
     @gc_paused()
     def plan(

@@ -15,11 +15,11 @@ import pytest
 from typer.testing import CliRunner
 
 from ascendconv.cli import app
-from ascendconv.convert import planner_for
 from ascendconv.inspect import inspect_path
 from ascendconv.io.source import SourceCheckpoint
 from ascendconv.models import INDEXER_WK_REASON, KV_B_REASON, MTP_REASON
 from ascendconv.decide import SCHEMES, Deployment
+from ascendconv.plan import Planner
 from fullscale import FAMILIES, write_sparse_checkpoint
 
 # Published totals (model-families.md): tensors, and bytes or GiB rounded to 2 places.
@@ -92,7 +92,7 @@ def planner(family_root):
             sources[name] = SourceCheckpoint.open(family_root(name))
         key = (name, deployment)
         if key not in planners:
-            planners[key] = planner_for(sources[name], deployment)
+            planners[key] = Planner.for_source(sources[name], deployment)
         return planners[key]
 
     yield make

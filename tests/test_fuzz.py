@@ -11,8 +11,6 @@ A few examples run in real processes, with their peak memory measured.
 from __future__ import annotations
 
 import json
-import os
-import resource
 import shutil
 import subprocess
 import sys

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-from pathlib import Path
 from typing import Annotated, Callable, List, Optional
 
 import typer

@@ -7,7 +7,6 @@ from collections import Counter
 from pathlib import Path
 
 from ascendconv.ascendv1 import RANK
-from ascendconv.convert import planner_for
 from ascendconv.formats.constants import FLOAT, W8A8_MXFP8
 from ascendconv.inspect.report import KIND_SOURCE, Fallback, InspectReport, SchemeEstimate, ShardInfo
 from ascendconv.inspect.summary import (
@@ -25,7 +24,7 @@ from ascendconv.io.source import INDEX_NAME as SOURCE_INDEX_NAME
 from ascendconv.io.source import SourceCheckpoint, find_quantization_config
 from ascendconv.models import rules_for
 from ascendconv.decide import SCHEMES, Deployment, module_pattern
-from ascendconv.plan import Plan
+from ascendconv.plan import Plan, Planner
 
 
 def inspect_source(root: Path, glob: str | None, deployment: Deployment) -> InspectReport:
@@ -40,7 +39,7 @@ def inspect_source(root: Path, glob: str | None, deployment: Deployment) -> Insp
 
         estimates: dict[str, SchemeEstimate] = {}
         written: dict[str, dict[str, str]] = {}
-        planner = planner_for(source, deployment)
+        planner = Planner.for_source(source, deployment)
         for scheme in SCHEMES:
             plan = planner.plan(scheme)
             written[scheme] = {m: d.written for m, d in plan.decisions.items()}

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator
 
-from ascendconv.ascendv1 import MX_TYPES, quant_type_named
+from ascendconv.ascendv1 import quant_type_named
 from ascendconv.io.package import Package
 from ascendconv.io.safetensors import SafetensorsHeader, TensorEntry
 from ascendconv.models import rules_for

@@ -3,8 +3,6 @@ alignment, packed groups and tensor parallelism, from the headers and JSON files
 
 from __future__ import annotations
 
-import math
-
 from ascendconv.ascendv1 import (
     DESCRIPTION_NAME,
     INDEX_NAME,
