@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
+from ascendconv.ascendv1 import QUANT_TYPES
 from ascendconv.errors import BadOptionError, NaNCodeError, NonFiniteValueError
-from ascendconv.formats.constants import E2M1, E4M3, W4A8_MXFP
 from ascendconv.io.safetensors import TensorEntry
 from ascendconv.io.writer import ShardWriter
 from ascendconv.io.source import Fp8Linear, SourceCheckpoint
@@ -354,9 +354,10 @@ def _linear_items(
     scale = source.read_scale(linear)
     block = source.quant.block
     rows_per_chunk = max(1, chunk_elements // max(k, 1))
-    fmt = E2M1 if tensor.quant_type == W4A8_MXFP else E4M3
-    # output bytes per row: BF16 (resolve), E4M3 codes or packed E2M1
-    out_row_bytes = 2 * k if tensor.kind is OutputKind.RESOLVE else k if fmt is E4M3 else k // 2
+    quant_type = QUANT_TYPES[tensor.quant_type]
+    fmt = quant_type.element  # None for a weight resolved to BF16 (FLOAT)
+    # output bytes per row: BF16 (resolve), or the type's payload (E4M3 codes, packed E2M1)
+    out_row_bytes = 2 * k if tensor.kind is OutputKind.RESOLVE else k // quant_type.k_per_byte
     scale_name = linear.prefix + ".weight_scale"
 
     def check_nan(codes: np.ndarray, row_start: int) -> None:
