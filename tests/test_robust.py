@@ -8,6 +8,7 @@ import os
 import shutil
 import stat
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -470,20 +471,25 @@ def test_file_size_limit_in_a_real_process(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
 
 
-@pytest.fixture
-def small_fs(tmp_path):
-    """A 1 MiB tmpfs mounted under tmp_path; skipped where mounting is not allowed."""
+def mounted(mount_args: list[str], mount: Path, what: str):
+    """Mount (`mount *mount_args mount`), yield the mount point, unmount; skip where not allowed."""
     import subprocess
 
-    mount = tmp_path / "mnt"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
+    done = subprocess.run(["mount", *mount_args, str(mount)], capture_output=True)
     if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip() or done.returncode}")
+        pytest.skip(f"cannot mount {what} here: {done.stderr.decode().strip() or done.returncode}")
     try:
         yield mount
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A 1 MiB tmpfs mounted under tmp_path; skipped where mounting is not allowed."""
+    mount = tmp_path / "mnt"
+    mount.mkdir()
+    yield from mounted(["-t", "tmpfs", "-o", "size=1m", "tmpfs"], mount, "a tmpfs")
 
 
 @pytest.fixture
@@ -499,13 +505,7 @@ def ext4_fs(tmp_path):
     made = subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], capture_output=True)
     if made.returncode != 0:
         pytest.skip(f"cannot make an ext4 image here: {made.stderr.decode().strip() or made.returncode}")
-    done = subprocess.run(["mount", "-o", "loop", str(image), str(mount)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot loop-mount an ext4 image here: {done.stderr.decode().strip() or done.returncode}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
+    yield from mounted(["-o", "loop", str(image)], mount, "an ext4 image")
 
 
 def test_disk_filling_under_direct_io_writes(ext4_fs, tmp_path, monkeypatch):
