@@ -308,19 +308,18 @@ class Command:
         self.cpu: list[float] = []
         self.rss = 0
 
-    def run(self) -> None:
-        if self.baseline:
-            if self.prepare:
-                self.prepare()
-            if self.writes:
-                clear(self.writes)
-            seconds, _, _, _ = run_timed(self.baseline, self.writes)
-            self.baseline_times.append(seconds)
+    def measure(self, argv: list[str]) -> tuple[float, int, str, float]:
+        """`argv` timed from the same state: the cache prepared, the output cleared."""
         if self.prepare:
             self.prepare()
         if self.writes:
             clear(self.writes)
-        seconds, peak, _, cpu = run_timed(self.argv, self.writes)
+        return run_timed(argv, self.writes)
+
+    def run(self) -> None:
+        if self.baseline:
+            self.baseline_times.append(self.measure(self.baseline)[0])
+        seconds, peak, _, cpu = self.measure(self.argv)
         self.times.append(seconds)
         self.cpu.append(cpu)
         self.rss = max(self.rss, peak)
