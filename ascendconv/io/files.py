@@ -9,8 +9,10 @@ of thousands of digits, nesting thousands deep) ends in a named error instead of
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
+import mmap
 import os
 import signal
 import stat
@@ -147,6 +149,24 @@ def read_json_object(path: Path, error: type[AscendconvError]) -> dict:
 
 
 # --- mapped reads that a writer cannot pull from under us ---------------------------------------
+
+MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14+
+
+
+def populate(mapped: mmap.mmap, start: int, count: int) -> bool:
+    """Fault in `count` mapped bytes from `start` at once (MADV_POPULATE_READ) rather than page by
+    page. False when some of them lie past the file's end (it was cut short: touching them would
+    raise SIGBUS); True otherwise, also where the advice is unknown (older kernels, EINVAL; other
+    systems): the pages then fault in on first touch."""
+    if not hasattr(mapped, "madvise"):  # Windows
+        return True
+    try:
+        mapped.madvise(MADV_POPULATE_READ, start, count)
+    except OSError as exc:
+        if exc.errno == errno.EFAULT:
+            return False
+    return True
+
 
 _F_SETLEASE = getattr(fcntl, "F_SETLEASE", 1024)
 _F_GETLEASE = getattr(fcntl, "F_GETLEASE", 1025)

@@ -8,7 +8,6 @@ written by `io.writer.ShardWriter`.
 
 from __future__ import annotations
 
-import errno
 import functools
 import math
 import mmap
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ascendconv.errors import HeaderError, TruncatedFileError, shown
-from ascendconv.io.files import lease, open_regular, parse_json_bytes, unlease
+from ascendconv.io.files import lease, open_regular, parse_json_bytes, populate, unlease
 
 if TYPE_CHECKING:
     import numpy as np
@@ -33,7 +32,6 @@ ITEMSIZES: dict[str, int] = {
 }
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors library's own limit
 U64_MAX = 2**64 - 1
-_MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14+
 HEADER_ALIGNMENT = 8  # the reference writer pads the JSON header with spaces to 8 bytes
 
 
@@ -327,14 +325,9 @@ class TensorReader:
             mapped = mmap.mmap(self._fd(entry.path), length, access=mmap.ACCESS_READ, offset=aligned)
         except (OSError, ValueError) as exc:  # e.g. the file shrank below the range
             raise TruncatedFileError(f"{entry.path}: tensor {shown(entry.name)} is cut short ({exc})") from exc
-        try:
-            if hasattr(mapped, "madvise"):  # not on Windows
-                mapped.madvise(_MADV_POPULATE_READ)
-        except OSError as exc:
-            if exc.errno == errno.EFAULT:  # pages past the end of the file
-                mapped.close()
-                raise TruncatedFileError(f"{entry.path}: tensor {shown(entry.name)} is cut short (truncated file)") from exc
-            # older kernels (EINVAL): pages fault in on first touch instead
+        if not populate(mapped, 0, length):
+            mapped.close()
+            raise TruncatedFileError(f"{entry.path}: tensor {shown(entry.name)} is cut short (truncated file)")
         import numpy as np
 
         return np.frombuffer(mapped, dtype=np.uint8, count=count, offset=begin - aligned)
