@@ -19,6 +19,7 @@ from ascendconv.errors import EXIT_INTERRUPTED, AscendconvError, Interrupted
 
 app = typer.Typer(
     add_completion=False,
+    rich_markup_mode=None,
     no_args_is_help=True,
     help="Convert Hugging Face block-FP8 checkpoints to AscendV1 MX packages for vllm-ascend.",
 )
