@@ -10,6 +10,7 @@ A few examples run in real processes, with their peak memory measured.
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 import subprocess
@@ -122,7 +123,11 @@ def mutated(draw, doc):
     for _ in range(draw(st.integers(1, 3))):
         where = paths(doc)
         op = draw(st.sampled_from(["set", "set", "set", "delete", "rename", "add"] if where else ["add"]))
-        value = draw(st.one_of(st.sampled_from(HOSTILE), st.integers(-(2**65), 2**65), st.text(max_size=12)))
+        # a copy: a list or dict of HOSTILE edited in place by a later edit would change HOSTILE for
+        # the examples after it (and could end up inside itself)
+        value = copy.deepcopy(
+            draw(st.one_of(st.sampled_from(HOSTILE), st.integers(-(2**65), 2**65), st.text(max_size=12)))
+        )
         if op == "add":
             objects = [()] + [p for p in where if isinstance(_value(doc, p), dict)]
             target = _value(doc, draw(st.sampled_from(objects)))
@@ -165,18 +170,22 @@ def run(command: str, *args) -> object:
 
 
 class Workspace:
-    """A fresh directory per example: SRC (a fixture copy) or PKG, and the OUT convert may write."""
+    """A fresh directory per example, removed on leaving the `with`: SRC (a fixture copy) or PKG,
+    and the OUT convert may write."""
 
     def __init__(self, original: Path):
         self.dir = Path(tempfile.mkdtemp(prefix="fuzz-"))
         self.root = self.dir / original.name
         shutil.copytree(original, self.root)
 
+    def __enter__(self) -> "Workspace":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
     def snapshot(self) -> dict:
         return tree_snapshot(self.dir)
-
-    def close(self) -> None:
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def check_source(ws: Workspace, target: str) -> None:
@@ -218,13 +227,10 @@ MOE_CONFIG = json.loads((MOE / "config.json").read_text())
 @given(mutation=mutated(DENSE_HEADER))
 def test_fuzz_source_header(mutation):
     text, _ = mutation
-    ws = Workspace(DENSE)
-    try:
+    with Workspace(DENSE) as ws:
         shard = ws.root / "model.safetensors"
         write_raw_header(shard, text.encode(), read_raw_header(shard)[1])
         check_source(ws, "source_header")
-    finally:
-        ws.close()
 
 
 DENSE_PREFIX = len(read_raw_header(DENSE / "model.safetensors")[0]) + 8
@@ -240,40 +246,31 @@ DENSE_PREFIX = len(read_raw_header(DENSE / "model.safetensors")[0]) + 8
 )
 def test_fuzz_source_header_bytes(edits):
     """Bytes of the length prefix and of the header text itself, overwritten."""
-    ws = Workspace(DENSE)
-    try:
+    with Workspace(DENSE) as ws:
         shard = ws.root / "model.safetensors"
         raw = bytearray(shard.read_bytes())
         for position, value in edits:
             raw[position] = value
         shard.write_bytes(bytes(raw))
         check_source(ws, "source_header_bytes")
-    finally:
-        ws.close()
 
 
 @fuzz_settings("source_index")
 @given(mutation=mutated(MOE_INDEX))
 def test_fuzz_source_index(mutation):
     text, _ = mutation
-    ws = Workspace(MOE)
-    try:
+    with Workspace(MOE) as ws:
         (ws.root / "model.safetensors.index.json").write_text(text)
         check_source(ws, "source_index")
-    finally:
-        ws.close()
 
 
 @fuzz_settings("source_config")
 @given(mutation=mutated(MOE_CONFIG))
 def test_fuzz_source_config(mutation):
     text, _ = mutation
-    ws = Workspace(MOE)
-    try:
+    with Workspace(MOE) as ws:
         (ws.root / "config.json").write_text(text)
         check_source(ws, "source_config")
-    finally:
-        ws.close()
 
 
 PACKAGE_FILES = (
@@ -294,12 +291,9 @@ def moe_package(converted) -> Path:
 def test_fuzz_package_json(moe_package, data):
     file = data.draw(st.sampled_from(PACKAGE_FILES))
     text, _ = data.draw(mutated(json.loads((moe_package / file).read_text())))
-    ws = Workspace(moe_package)
-    try:
+    with Workspace(moe_package) as ws:
         (ws.root / file).write_text(text)
         check_package(ws, "package_json")
-    finally:
-        ws.close()
 
 
 @fuzz_settings("package_header")
@@ -308,12 +302,9 @@ def test_fuzz_package_header(moe_package, data):
     shard = data.draw(st.sampled_from(sorted(p.name for p in moe_package.glob("*.safetensors"))))
     header, payload = read_raw_header(moe_package / shard)
     text, _ = data.draw(mutated(json.loads(header)))
-    ws = Workspace(moe_package)
-    try:
+    with Workspace(moe_package) as ws:
         write_raw_header(ws.root / shard, text.encode(), payload)
         check_package(ws, "package_header", "--source", str(MOE), "--exact", "--moe-check")
-    finally:
-        ws.close()
 
 
 NUMBERS = ["-1", "0", "1", "2", "7", "64", "1e9", "nan", "inf", "-inf", "99999999999999999999", "abc", "", "0.5"]
@@ -344,14 +335,11 @@ def test_fuzz_verify_options(moe_package, options, flags):
 @given(options=st.lists(st.sampled_from(sorted(CONVERT_OPTIONS)).flatmap(
     lambda o: st.tuples(st.just(o), st.sampled_from(CONVERT_OPTIONS[o]))), max_size=4))
 def test_fuzz_convert_options(options):
-    ws = Workspace(MOE)
-    try:
+    with Workspace(MOE) as ws:
         before = ws.snapshot()
         result = run("convert", ws.root, ws.dir / "out", "--dry-run", "--json", *[a for pair in options for a in pair])
         assert result.exit_code in (0, 2, 3), result.output
         assert ws.snapshot() == before and not (ws.dir / "out").exists()
-    finally:
-        ws.close()
     RAN["convert_options"] = RAN.get("convert_options", 0) + 1
 
 
