@@ -105,6 +105,14 @@ def test_the_caller_stopping_early_frees_the_thread(tmp_path, small_pieces, monk
     assert "ascendconv-read-ahead" not in _threads()
 
 
+def test_a_system_without_read_advice_hashes_the_same(tmp_path, small_pieces, monkeypatch):
+    data = os.urandom(9 * PIECE + 7)
+    path = tmp_path / "shard.safetensors"
+    path.write_bytes(data)
+    monkeypatch.delattr(os, "posix_fadvise")  # macOS
+    assert file_digest(path, "blake3") == blake3.blake3(data).hexdigest()
+
+
 def test_populate_tells_a_mapping_past_the_end(tmp_path):
     path = tmp_path / "f"
     path.write_bytes(b"\1" * (4 * mmap.PAGESIZE))

@@ -138,7 +138,10 @@ class _PiecesAhead:
 
 
 def _advise_read(fd: int, offset: int, length: int) -> None:
+    advise = getattr(os, "posix_fadvise", None)  # not on macOS
+    if advise is None:
+        return
     try:
-        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+        advise(fd, offset, length, os.POSIX_FADV_WILLNEED)
     except OSError:  # advice only: a file system without it is read as it comes
         pass
