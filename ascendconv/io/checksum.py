@@ -119,9 +119,10 @@ class _PiecesAhead:
         for start in range(0, self._size, HASH_PIECE):
             if self._stop.is_set():
                 return
-            for done in range(unmapped * HASH_PIECE, self._hashed * HASH_PIECE, HASH_PIECE):
+            hashed = self._hashed  # read once: the consumer may move it on meanwhile
+            for done in range(unmapped * HASH_PIECE, hashed * HASH_PIECE, HASH_PIECE):
                 self._mapped.madvise(mmap.MADV_DONTNEED, done, HASH_PIECE)  # the rest go with the mapping
-            unmapped = max(unmapped, self._hashed)
+            unmapped = hashed
             count = min(HASH_PIECE, self._size - start)
             _advise_read(self._fd, start + READ_AHEAD, HASH_PIECE)
             if not populate(self._mapped, start, count):
