@@ -39,6 +39,11 @@ per-user cache directory when that is not writable) and ``nogil=True``, so conve
 threads run them in parallel. No fastmath anywhere: the float operations and their order are
 the reference's.
 
+First-run compilation is part of the user's wait, so `_requantize_kernel` is built to type
+quickly: a machine compiles only its own lookup (AVX2 or scalar, a closure constant numba prunes),
+and the kernel takes flat arrays and caller-made scratch, because each numpy call in a kernel
+(reshape, view, np.empty) makes numba compile an internal function of its own.
+
 Inputs the reference rejects (NaN codes, non-finite resolved values, bad shapes or options) are
 handed to the reference itself, so the exception raised is the reference's, word for word.
 """
@@ -525,18 +530,25 @@ _ROWS_IN = (  # the arguments both requantize entry points start with
     types.int64,  # rule
 )
 _ROWS_OUT = (types.Array(types.uint8, 2, "C"), types.Array(types.uint8, 2, "C"))  # payload, scale bytes
+_FLAT_IN = types.Array(types.uint8, 1, "C", readonly=True)
+_FLAT = types.Array(types.uint8, 1, "C")
+_INT64S = types.Array(types.int64, 1, "C")
 _REQUANT_SIG = types.int64(
-    *_ROWS_IN,
-    types.int64,  # path
-    *_ROWS_OUT,
-    types.Array(types.uint8, 1, "C"),  # scratch: code tables
+    _FLAT_IN,  # codes [R * K], row-major
+    types.int64,  # K
+    types.Array(types.float32, 1, "C", readonly=True),  # tile scales, row-major [tile rows * tile columns]
+    types.int64,  # tile columns
+    *_ROWS_IN[2:],  # bn, bk, row_offset, BF16 resolve, format, rule
+    _FLAT,  # payload [R * K] (E4M3) or [R * K / 2] (packed E2M1)
+    _FLAT,  # scale bytes [R * K / 32]
+    _FLAT,  # scratch: code tables
     types.Array(types.float64, 1, "C"),  # scratch: squared-error pair tables
-    types.Array(types.int64, 1, "C"),  # scratch: key stamps, key slots, pair stamps, band counter
-    types.Array(types.int64, 1, "C"),  # scratch: (column, group maximum) -> info word
+    _INT64S,  # scratch: key stamps, key slots, pair stamps, band counter
+    _INT64S,  # scratch: (column, group maximum) -> info word
+    types.Array(types.float32, 1, "C"),  # scratch: per tile column, code -> resolved value
+    _INT64S,  # scratch: per group of a row, its tile column, table offset, and the mse list
 )
 
-_PATH_AUTO, _PATH_SCALAR, _PATH_DIRECT = 0, 1, 2
-_PATHS = {"auto": _PATH_AUTO, "scalar": _PATH_SCALAR, "direct": _PATH_DIRECT}
 _SLOTS_EXHAUSTED = 2  # kernel status: the scratch needs more table slots (the wrapper grows it)
 # info word of a (tile column, group maximum): E_floor's slot | E_floor + 1's slot << 24 |
 # scale byte << 48 | _SSE_FLAG when the group saturates at E_floor and mse must compare sums
@@ -544,220 +556,254 @@ _SSE_FLAG = 1 << 56
 _SLOT_MASK = (1 << 24) - 1
 
 
-@njit(cache=True, nogil=True)
-def _take_high(gtab, scales_out, g, scale_base, high_slot):
-    """Switch group g to its E_floor + 1 table and scale byte."""
-    gtab[g] = high_slot * 256
-    scales_out[scale_base + g] += np.uint8(1)
+@intrinsic
+def _load_word(typingctx, array, at):
+    """The 8 bytes of a 1-D uint8 array at byte offset `at`, as a little-endian uint64."""
+    if not (isinstance(array, types.Array) and array.dtype == types.uint8 and isinstance(at, types.Integer)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        word_ptr = builder.bitcast(builder.gep(data, [args[1]]), ir.IntType(64).as_pointer())
+        return builder.load(word_ptr, align=1)
+
+    return types.uint64(array, at), codegen
+
+
+@intrinsic
+def _store_word(typingctx, array, at, word):
+    """Store a uint64 as the 8 bytes of a 1-D uint8 array at byte offset `at` (little-endian)."""
+    if not (isinstance(array, types.Array) and array.dtype == types.uint8 and isinstance(at, types.Integer)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        word_ptr = builder.bitcast(builder.gep(data, [args[1]]), ir.IntType(64).as_pointer())
+        builder.store(args[2], word_ptr, align=1)
+        return context.get_dummy_value()
+
+    return types.void(array, at, types.uint64), codegen
 
 
 @njit(cache=True, nogil=True)
-def _scan_row(codes, row_start, g, n_groups, group_tc, info, scales_out, scale_row, gtab, sse_groups, sse_info, n_sse):
+def _scan_row(codes, row_start, g, n_groups, work, info, scales_out, scale_row, n_sse):
     """Pass 1 over one row from group g: each group's table offset and scale byte (and the list of
     mse groups that need their sums), until a group whose (column, maximum) has no info yet.
     Returns (that group, or n_groups at the end of the row; the updated count of mse groups)."""
     while g < n_groups:
-        tc = group_tc[g]
+        tc = work[g]
         if tc >= 0:
             cmax = _group_max_magnitude(codes, row_start + np.uint64(g * GROUP_SIZE))
             word_info = info[np.uint64(tc * 128) + cmax]
             if word_info < 0:
                 return g, n_sse
             scales_out[scale_row + np.uint64(g)] = np.uint8((word_info >> 48) & 0xFF)
-            gtab[g] = (word_info & _SLOT_MASK) * 256
+            work[n_groups + g] = (word_info & _SLOT_MASK) * 256
             if word_info & _SSE_FLAG:
-                sse_groups[n_sse] = g
-                sse_info[n_sse] = word_info
+                work[2 * n_groups + n_sse] = g
+                work[3 * n_groups + n_sse] = word_info
                 n_sse += 1
         g += 1
     return g, n_sse
 
 
-@_entry_point(_REQUANT_SIG)
-def _requantize_kernel(
-    codes2d, scale, bn, bk, row_offset, bf16, fmt, rule, path, payload2d, scales2d, code_tabs, sq_tabs, meta, info
-):
-    """Fill payload [R, K or K/2] and scales [R, K/32]. Status 0: done; 1: NaN/Inf input (the
-    caller asks the reference for its error); _SLOTS_EXHAUSTED: call again with larger scratch.
+def _requantize_kernel_for(vector_lookup):
+    """`_requantize_kernel` with AVX2 (`vector_lookup`) or scalar table lookups. The flag is a
+    constant of the closure: numba prunes the other lookup before typing, so a machine compiles
+    only the lookup it runs (tests compile the scalar one on AVX2 machines too)."""
 
-    Rows are walked in order, streaming through memory. Per tile row (a "band"), each tile column
-    gets its resolved-value table, and each (column, key) that a group needs (key = E, or
-    _ZERO_KEY for floor's signed zeros) a slot: ``code_tabs[slot * 256 + code]`` is the output
-    code, and for mse ``sq_tabs[slot * 512 + 2 * code + {0, 1}]`` the squared errors at E and
-    E + 1 side by side. ``meta`` holds, for the C = len(info) // 128 columns it was sized for, the
-    band that last gave each (column, key) a slot [0, 256 C), that slot [256 C, 512 C), the band
-    that filled each slot's pair table [512 C, 512 C + slots), and the running band counter (last
-    entry, kept across calls), so that nothing needs a reset between bands or calls.
-    """
-    rows, k = codes2d.shape
-    if rows == 0:
-        return 0
-    n_groups = k // GROUP_SIZE
-    tile_cols = scale.shape[1]
-    pk = payload2d.shape[1]
-    capacity = code_tabs.shape[0] // 256
-    key_slot0 = info.shape[0] * 2  # 256 * columns
-    pair_stamp0 = key_slot0 * 2
-    counter = meta.shape[0] - 1
-    codes = codes2d.reshape(-1)
-    words = codes.view(np.uint64)  # 8-byte aligned (the wrapper sees to it)
-    payload = payload2d.reshape(-1)
-    out_words = payload.view(np.uint64)
-    scales_out = scales2d.reshape(-1)
-    if fmt == _FMT_E4M3:
-        emax, sbit, sse_above = 8, np.uint8(0x80), np.float32(464.0)
-        max_mantissa, max_exponent = 0.875, 9
-    else:
-        emax, sbit, sse_above = 2, np.uint8(0x08), np.float32(7.0)
-        max_mantissa, max_exponent = 0.75, 3
+    def _requantize_kernel(
+        codes, k, scale, tile_cols, bn, bk, row_offset, bf16, fmt, rule, payload, scales_out, code_tabs, sq_tabs,
+        meta, info, vals, work,
+    ):
+        """Fill payload and scale bytes of R = len(codes) // K rows, all arrays flat and row-major.
+        Status 0: done; 1: NaN/Inf input (the caller asks the reference for its error);
+        _SLOTS_EXHAUSTED: call again with larger scratch. Groups across two tiles are left to
+        _requantize_direct_kernel.
 
-    # group -> its tile column, or -1 when it straddles two tiles (or every group on _PATH_DIRECT):
-    # those are left to _requantize_direct_kernel
-    direct = path == _PATH_DIRECT
-    vector_lookup = _AVX2 and path == _PATH_AUTO
-    group_tc = np.empty(n_groups, dtype=np.int64)
-    for g in range(n_groups):
-        first = g * GROUP_SIZE // bk
-        group_tc[g] = -1 if direct or first != (g * GROUP_SIZE + GROUP_SIZE - 1) // bk else first
-    vals = np.empty((tile_cols, 256), dtype=np.float32)  # per tile column: code -> resolved value
-    gtab = np.empty(n_groups, dtype=np.int64)  # per group of the row: offset of its code table
-    sse_groups = np.empty(n_groups, dtype=np.int64)  # groups of the row whose mse needs the sums
-    sse_info = np.empty(n_groups, dtype=np.int64)
+        Rows are walked in order, streaming through memory. Per tile row (a "band"), each tile
+        column gets its resolved-value table (``vals[tc * 256 + code]``), and each (column, key)
+        that a group needs (key = E, or _ZERO_KEY for floor's signed zeros) a slot:
+        ``code_tabs[slot * 256 + code]`` is the output code, and for mse
+        ``sq_tabs[slot * 512 + 2 * code + {0, 1}]`` the squared errors at E and E + 1 side by side.
+        ``meta`` holds, for the C = len(info) // 128 columns it was sized for, the band that last
+        gave each (column, key) a slot [0, 256 C), that slot [256 C, 512 C), the band that filled
+        each slot's pair table [512 C, 512 C + slots), and the running band counter (last entry,
+        kept across calls), so that nothing needs a reset between bands or calls. ``work`` holds
+        four arrays of one entry per group of a row: its tile column (-1 across tiles), its table
+        offset, then the groups whose mse needs the sums and their info words.
 
-    for t in range(row_offset // bn, (row_offset + rows - 1) // bn + 1):
-        r0 = max(t * bn - row_offset, 0)
-        r1 = min((t + 1) * bn - row_offset, rows)
-        meta[counter] += 1
-        band = meta[counter]
-        n_slots = 0
-        for tc in range(tile_cols):
-            _fill_values(vals[tc], scale[t, tc], bf16)
-        info[: tile_cols * 128] = -1
-        for r in range(r0, r1):
-            row_start = np.uint64(r * k)
-            scale_row = np.uint64(r * n_groups)
-            # pass 1: per group, the table (and scale byte) its maximum magnitude selects; the
-            # first group of a tile with a given maximum stops the scan to find the exponent(s)
-            # and fill tables, then the scan resumes at that group
-            n_sse = np.int64(0)  # not the literal 0: _scan_row would be compiled twice (0, then int64)
-            g = np.int64(0)
-            while True:
-                g, n_sse = _scan_row(
-                    codes, row_start, g, n_groups, group_tc, info, scales_out, scale_row, gtab, sse_groups, sse_info,
-                    n_sse,
-                )
-                if g == n_groups:
-                    break
-                tc = group_tc[g]
-                cmax = _group_max_magnitude(codes, row_start + np.uint64(g * GROUP_SIZE))
-                if cmax == 0x7F:
-                    return 1  # NaN code
-                val = vals[tc]
-                amax = abs(val[cmax])
-                a_bits = _f32_bits(amax)
-                if a_bits >= np.uint32(0x7F800000):
-                    return 1  # the resolved value overflowed to inf
-                need_sse = False
-                if rule == _FLOOR:
-                    e = _floor_exponent(a_bits, emax)
-                    key = e if e > 0 else _ZERO_KEY
-                elif rule == _RCEIL:
-                    key = _rceil_exponent(amax, max_mantissa, max_exponent)
-                else:
-                    key = _floor_exponent(a_bits, emax)
-                    need_sse = key < 254 and amax * _pow2f(127 - key) > sse_above
-                if n_slots + 2 > capacity:
-                    return _SLOTS_EXHAUSTED
-                word_info = (0 if key == _ZERO_KEY else key) << 48
-                for which in range(2 if need_sse else 1):
-                    at_key = tc * 256 + key + which
-                    if meta[at_key] == band:
-                        slot = meta[key_slot0 + at_key]
+        The arrays come flat and the scratch from the caller, with no numpy calls here: numba
+        compiles an internal function for each reshape, view or np.empty, which would take more
+        time than all the rest of the kernel's typing.
+        """
+        n_codes = codes.shape[0]
+        if n_codes == 0:
+            return 0
+        rows = n_codes // k
+        n_groups = k // GROUP_SIZE
+        pk = payload.shape[0] // rows
+        capacity = code_tabs.shape[0] // 256
+        key_slot0 = info.shape[0] * 2  # 256 * columns
+        pair_stamp0 = key_slot0 * 2
+        counter = meta.shape[0] - 1
+        if fmt == _FMT_E4M3:
+            emax, sbit, sse_above = 8, np.uint8(0x80), np.float32(464.0)
+            max_mantissa, max_exponent = 0.875, 9
+        else:
+            emax, sbit, sse_above = 2, np.uint8(0x08), np.float32(7.0)
+            max_mantissa, max_exponent = 0.75, 3
+        gtab0, sse_groups0, sse_info0 = n_groups, 2 * n_groups, 3 * n_groups  # the arrays in `work`
+        for g in range(n_groups):
+            first = g * GROUP_SIZE // bk
+            work[g] = first if first == (g * GROUP_SIZE + GROUP_SIZE - 1) // bk else -1
+
+        for t in range(row_offset // bn, (row_offset + rows - 1) // bn + 1):
+            r0 = t * bn - row_offset
+            r0 = r0 if r0 > 0 else 0
+            r1 = (t + 1) * bn - row_offset
+            r1 = r1 if r1 < rows else rows
+            meta[counter] += 1
+            band = meta[counter]
+            n_slots = 0
+            for tc in range(tile_cols):
+                _fill_values(vals[tc * 256 : tc * 256 + 256], scale[t * tile_cols + tc], bf16)
+            for i in range(tile_cols * 128):
+                info[i] = -1
+            for r in range(r0, r1):
+                row_start = np.uint64(r * k)
+                scale_row = np.uint64(r * n_groups)
+                # pass 1: per group, the table (and scale byte) its maximum magnitude selects; the
+                # first group of a tile with a given maximum stops the scan to find the exponent(s)
+                # and fill tables, then the scan resumes at that group
+                n_sse = np.int64(0)  # not the literal 0: _scan_row would be compiled twice (0, then int64)
+                g = np.int64(0)
+                while True:
+                    g, n_sse = _scan_row(codes, row_start, g, n_groups, work, info, scales_out, scale_row, n_sse)
+                    if g == n_groups:
+                        break
+                    tc = work[g]
+                    cmax = _group_max_magnitude(codes, row_start + np.uint64(g * GROUP_SIZE))
+                    if cmax == 0x7F:
+                        return 1  # NaN code
+                    amax = abs(vals[np.uint64(tc * 256) + cmax])
+                    a_bits = _f32_bits(amax)
+                    if a_bits >= np.uint32(0x7F800000):
+                        return 1  # the resolved value overflowed to inf
+                    need_sse = False
+                    if rule == _FLOOR:
+                        e = _floor_exponent(a_bits, emax)
+                        key = e if e > 0 else _ZERO_KEY
+                    elif rule == _RCEIL:
+                        key = _rceil_exponent(amax, max_mantissa, max_exponent)
                     else:
-                        slot = n_slots
-                        n_slots += 1
-                        meta[at_key] = band
-                        meta[key_slot0 + at_key] = slot
-                        meta[pair_stamp0 + slot] = 0
-                        _fill_codes(code_tabs[slot * 256 : slot * 256 + 256], val, key + which, fmt, sbit)
-                    word_info |= slot << (24 * which)
-                if need_sse:
-                    low = word_info & _SLOT_MASK
-                    if meta[pair_stamp0 + low] != band:
-                        high = (word_info >> 24) & _SLOT_MASK
-                        _fill_sq_pairs(
-                            sq_tabs[low * 512 : low * 512 + 512],
-                            code_tabs[low * 256 : low * 256 + 256],
-                            code_tabs[high * 256 : high * 256 + 256],
-                            val,
-                            key,
-                            fmt,
-                        )
-                        meta[pair_stamp0 + low] = band
-                    word_info |= _SSE_FLAG
-                info[tc * 128 + cmax] = word_info
-            # pass 2 (mse): the two sums of squared error of each saturating group, four groups
-            # interleaved so that the eight sequential float64 chains overlap
-            i = 0
-            while i < n_sse:
-                # four groups at a time (the last ones repeated to fill the four); the intrinsic
-                # interleaves their eight float64 sums
-                last = n_sse - 1
-                q0, q1, q2, q3 = i, min(i + 1, last), min(i + 2, last), min(i + 3, last)
-                decisions = _sse_decisions(
-                    codes,
-                    row_start + np.uint64(sse_groups[q0] * GROUP_SIZE),
-                    row_start + np.uint64(sse_groups[q1] * GROUP_SIZE),
-                    row_start + np.uint64(sse_groups[q2] * GROUP_SIZE),
-                    row_start + np.uint64(sse_groups[q3] * GROUP_SIZE),
-                    sq_tabs,
-                    np.uint64((sse_info[q0] & _SLOT_MASK) * 512),
-                    np.uint64((sse_info[q1] & _SLOT_MASK) * 512),
-                    np.uint64((sse_info[q2] & _SLOT_MASK) * 512),
-                    np.uint64((sse_info[q3] & _SLOT_MASK) * 512),
-                )
-                for d in range(min(4, n_sse - i)):
-                    if decisions & (1 << d):  # ties stay at E_floor
-                        _take_high(gtab, scales_out, sse_groups[i + d], scale_row, (sse_info[i + d] >> 24) & _SLOT_MASK)
-                i += 4
-            # pass 3: table lookups
-            if vector_lookup:
-                fp4 = fmt == _FMT_E2M1
-                out_group = pk // n_groups  # payload bytes per group: 32 (E4M3) or 16 (E2M1)
-                for g in range(n_groups):
-                    if group_tc[g] >= 0:
-                        _lookup_group_avx2(
-                            codes, r * k + g * GROUP_SIZE, code_tabs, gtab[g], payload, r * pk + g * out_group, fp4
-                        )
-            elif fmt == _FMT_E4M3:
-                for g in range(n_groups):
-                    if group_tc[g] < 0:
-                        continue
-                    tab = np.uint64(gtab[g])
-                    w = (row_start >> np.uint64(3)) + np.uint64(4 * g)
-                    for q in range(4):
-                        word = words[w + np.uint64(q)]
-                        o = np.uint64(0)
-                        for b in range(8):
-                            code = code_tabs[tab + ((word >> np.uint64(8 * b)) & np.uint64(0xFF))]
-                            o |= np.uint64(code) << np.uint64(8 * b)
-                        out_words[w + np.uint64(q)] = o
-            else:
-                for g in range(n_groups):
-                    if group_tc[g] < 0:
-                        continue
-                    tab = np.uint64(gtab[g])
-                    w = (row_start >> np.uint64(3)) + np.uint64(4 * g)
-                    ow = np.uint64((r * pk >> 3) + 2 * g)
-                    for half in range(2):
-                        o = np.uint64(0)
-                        for q in range(2):
-                            word = words[w + np.uint64(2 * half + q)]
+                        key = _floor_exponent(a_bits, emax)
+                        need_sse = key < 254 and amax * _pow2f(127 - key) > sse_above
+                    if n_slots + 2 > capacity:
+                        return _SLOTS_EXHAUSTED
+                    val = vals[tc * 256 : tc * 256 + 256]
+                    word_info = (0 if key == _ZERO_KEY else key) << 48
+                    for which in range(2 if need_sse else 1):
+                        at_key = tc * 256 + key + which
+                        if meta[at_key] == band:
+                            slot = meta[key_slot0 + at_key]
+                        else:
+                            slot = n_slots
+                            n_slots += 1
+                            meta[at_key] = band
+                            meta[key_slot0 + at_key] = slot
+                            meta[pair_stamp0 + slot] = 0
+                            _fill_codes(code_tabs[slot * 256 : slot * 256 + 256], val, key + which, fmt, sbit)
+                        word_info |= slot << (24 * which)
+                    if need_sse:
+                        low = word_info & _SLOT_MASK
+                        if meta[pair_stamp0 + low] != band:
+                            high = (word_info >> 24) & _SLOT_MASK
+                            _fill_sq_pairs(
+                                sq_tabs[low * 512 : low * 512 + 512],
+                                code_tabs[low * 256 : low * 256 + 256],
+                                code_tabs[high * 256 : high * 256 + 256],
+                                val,
+                                key,
+                                fmt,
+                            )
+                            meta[pair_stamp0 + low] = band
+                        word_info |= _SSE_FLAG
+                    info[tc * 128 + cmax] = word_info
+                # pass 2 (mse): the two sums of squared error of each saturating group, four groups
+                # interleaved so that the eight sequential float64 chains overlap
+                i = 0
+                while i < n_sse:
+                    # four groups at a time (the last ones repeated to fill the four)
+                    last = sse_groups0 + n_sse - 1
+                    q0 = sse_groups0 + i
+                    q1 = q0 + 1 if q0 + 1 < last else last
+                    q2 = q0 + 2 if q0 + 2 < last else last
+                    q3 = q0 + 3 if q0 + 3 < last else last
+                    decisions = _sse_decisions(
+                        codes,
+                        row_start + np.uint64(work[q0] * GROUP_SIZE),
+                        row_start + np.uint64(work[q1] * GROUP_SIZE),
+                        row_start + np.uint64(work[q2] * GROUP_SIZE),
+                        row_start + np.uint64(work[q3] * GROUP_SIZE),
+                        sq_tabs,
+                        np.uint64((work[q0 + n_groups] & _SLOT_MASK) * 512),
+                        np.uint64((work[q1 + n_groups] & _SLOT_MASK) * 512),
+                        np.uint64((work[q2 + n_groups] & _SLOT_MASK) * 512),
+                        np.uint64((work[q3 + n_groups] & _SLOT_MASK) * 512),
+                    )
+                    for d in range(4 if n_sse - i > 4 else n_sse - i):
+                        if decisions & (1 << d):  # ties stay at E_floor: switch to E_floor + 1's table and scale
+                            g = work[q0 + d]
+                            work[gtab0 + g] = ((work[sse_info0 + i + d] >> 24) & _SLOT_MASK) * 256
+                            scales_out[scale_row + np.uint64(g)] += np.uint8(1)
+                    i += 4
+                # pass 3: table lookups
+                if vector_lookup:
+                    fp4 = fmt == _FMT_E2M1
+                    out_group = pk // n_groups  # payload bytes per group: 32 (E4M3) or 16 (E2M1)
+                    for g in range(n_groups):
+                        if work[g] >= 0:
+                            _lookup_group_avx2(
+                                codes, r * k + g * GROUP_SIZE, code_tabs, work[gtab0 + g], payload, r * pk + g * out_group,
+                                fp4,
+                            )
+                elif fmt == _FMT_E4M3:
+                    for g in range(n_groups):
+                        if work[g] < 0:
+                            continue
+                        tab = np.uint64(work[gtab0 + g])
+                        at = row_start + np.uint64(g * GROUP_SIZE)
+                        for q in range(4):
+                            word = _load_word(codes, at + np.uint64(8 * q))
+                            o = np.uint64(0)
                             for b in range(8):
                                 code = code_tabs[tab + ((word >> np.uint64(8 * b)) & np.uint64(0xFF))]
-                                o |= np.uint64(code) << np.uint64(32 * q + 4 * b)
-                        out_words[ow + np.uint64(half)] = o
-    return 0
+                                o |= np.uint64(code) << np.uint64(8 * b)
+                            _store_word(payload, at + np.uint64(8 * q), o)
+                else:
+                    for g in range(n_groups):
+                        if work[g] < 0:
+                            continue
+                        tab = np.uint64(work[gtab0 + g])
+                        at = row_start + np.uint64(g * GROUP_SIZE)
+                        out_at = np.uint64(r * pk + g * (GROUP_SIZE // 2))
+                        for half in range(2):
+                            o = np.uint64(0)
+                            for q in range(2):
+                                word = _load_word(codes, at + np.uint64(16 * half + 8 * q))
+                                for b in range(8):
+                                    code = code_tabs[tab + ((word >> np.uint64(8 * b)) & np.uint64(0xFF))]
+                                    o |= np.uint64(code) << np.uint64(32 * q + 4 * b)
+                            _store_word(payload, out_at + np.uint64(8 * half), o)
+        return 0
+
+    return _requantize_kernel
+
+
+_requantize_kernel = _EntryPoint(_REQUANT_SIG, _requantize_kernel_for(_AVX2))
+# the scalar lookups, for tests on AVX2 machines (elsewhere they are what _requantize_kernel runs)
+_requantize_scalar_kernel = _EntryPoint(_REQUANT_SIG, _requantize_kernel_for(False)) if _AVX2 else _requantize_kernel
 
 
 _DIRECT_SIG = types.int64(*_ROWS_IN, types.boolean, *_ROWS_OUT)  # boolean: every group, not only those across tiles
@@ -828,8 +874,8 @@ def _error_terms(vals, col_tile, src, decode, gcodes, unit, base, j):
 def _error_kernel(codes2d, scale, bn, bk, row_offset, bf16, fmt, payload2d, scales2d, sums):
     """Add the error of a dequantized MX package block against its resolved source rows to `sums`,
     with the definitions of metrics.ErrorAccumulator (float64 error of float32 values; a scale byte
-    255 dequantizes to NaN and makes the sums NaN). One 256-entry value table per tile; eight
-    partial sums per quantity (element j adds to lane j % 8), so that no chain of dependent float
+    255 dequantizes to NaN and makes the sums NaN). One 256-entry value table per tile; four
+    partial sums per quantity (element j adds to partial j % 4), so that no chain of dependent float
     additions sets the pace."""
     rows, k = codes2d.shape
     if rows == 0:
@@ -944,6 +990,7 @@ def _first_nan_kernel(flat):
 
 ENTRY_POINTS = {
     "requantize": _requantize_kernel,
+    "requantize_scalar": _requantize_scalar_kernel,
     "requantize_direct": _requantize_direct_kernel,
     "resolve_bf16": _resolve_bf16_kernel,
     "first_nan": _first_nan_kernel,
@@ -996,8 +1043,7 @@ def _prepare(codes, scale_inv, block, row_offset):
         return None
     if scale.ndim != 2 or scale.shape[1] != -(-k // bk) or scale.shape[0] < -(-(row_offset + rows) // bn):
         return None
-    if not codes.flags.c_contiguous or codes.ctypes.data % 8:
-        codes = np.array(codes, order="C")  # the kernels read codes as 8-byte words
+    codes = np.ascontiguousarray(codes)  # (the kernels load and store unaligned words and vectors)
     scale = np.ascontiguousarray(scale, dtype=np.float32)  # exact widening of f16/bf16
     return codes, scale, bn, bk, row_offset
 
@@ -1005,7 +1051,7 @@ def _prepare(codes, scale_inv, block, row_offset):
 _THREAD = threading.local()
 
 
-def _scratch(tile_cols: int, slots: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _scratch(tile_cols: int, slots: int = 0) -> tuple[np.ndarray, ...]:
     """This thread's kernel scratch (see `_requantize_kernel`) for `tile_cols` tile columns and at
     least `slots` table slots, kept across calls: a few MB, touched only where used."""
     held = getattr(_THREAD, "scratch", None)
@@ -1019,6 +1065,7 @@ def _scratch(tile_cols: int, slots: int = 0) -> tuple[np.ndarray, np.ndarray, np
             np.empty(capacity * 512, dtype=np.float64),
             np.zeros(512 * columns + capacity + 1, dtype=np.int64),
             np.empty(128 * columns, dtype=np.int64),
+            np.empty(256 * columns, dtype=np.float32),
         )
         _THREAD.scratch = held
     return held[2:]
@@ -1058,26 +1105,32 @@ def requantize_rows(
     payload_shape = (rows, k if fmt_id == _FMT_E4M3 else k // 2)
     payload = _output(out, payload_shape, np.uint8)
     scales = np.empty((rows, k // GROUP_SIZE), dtype=np.uint8)
-    slots = 0
-    while True:
-        status = _requantize_kernel(
-            c,
-            scale,
-            bn,
-            bk,
-            offset,
-            resolve_dtype == "bf16",
-            fmt_id,
-            _RULE_IDS[rule],
-            _PATHS[_path],
-            payload,
-            scales,
-            *_scratch(scale.shape[1], slots),
-        )
-        if status != _SLOTS_EXHAUSTED:
-            break
-        slots = 2 * _THREAD.scratch[1]  # a tile row needed more tables than usual: start over
     every_group = _path == "direct"
+    status = 0
+    if not every_group:
+        kernel = _requantize_scalar_kernel if _path == "scalar" else _requantize_kernel
+        work = np.empty(4 * (k // GROUP_SIZE), dtype=np.int64)
+        slots = 0
+        while True:
+            status = kernel(
+                c.reshape(-1),
+                k,
+                scale.reshape(-1),
+                scale.shape[1],
+                bn,
+                bk,
+                offset,
+                resolve_dtype == "bf16",
+                fmt_id,
+                _RULE_IDS[rule],
+                payload.reshape(-1),
+                scales.reshape(-1),
+                *_scratch(scale.shape[1], slots),
+                work,
+            )
+            if status != _SLOTS_EXHAUSTED:
+                break
+            slots = 2 * _THREAD.scratch[1]  # a tile row needed more tables than usual: start over
     if status == 0 and (every_group or bk % GROUP_SIZE):  # groups across tiles
         status = _requantize_direct_kernel(
             c, scale, bn, bk, offset, resolve_dtype == "bf16", fmt_id, _RULE_IDS[rule], every_group, payload, scales
@@ -1104,7 +1157,8 @@ def resolve_rows_bf16(
 
 
 def _output(out: np.ndarray | None, shape: tuple[int, ...], dtype) -> np.ndarray:
-    """`out` checked and viewed as `dtype`, or a new array (the kernels store 8-byte words)."""
+    """`out` checked and viewed as `dtype`, or a new array. (numba's arrays assume elements at
+    addresses that are multiples of their size.)"""
     if out is None:
         return np.empty(shape, dtype=dtype)
     dtype = np.dtype(dtype)
@@ -1114,10 +1168,10 @@ def _output(out: np.ndarray | None, shape: tuple[int, ...], dtype) -> np.ndarray
         or out.dtype.itemsize != dtype.itemsize
         or not out.flags.c_contiguous
         or not out.flags.writeable
-        or out.ctypes.data % 8
+        or out.ctypes.data % dtype.itemsize
     ):
         raise ValueError(
-            f"out must be a writable, C-contiguous, 8-byte aligned array of shape {shape} and itemsize {dtype.itemsize}"
+            f"out must be a writable, C-contiguous, aligned array of shape {shape} and itemsize {dtype.itemsize}"
         )
     return out.view(dtype)
 
