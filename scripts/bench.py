@@ -30,8 +30,8 @@
      besides reading and hashing, and the table says what that leaves against `cat`).
    Peak resident memory is /usr/bin/time's "maximum resident set size".
 4. Times the first run after install: the README's first command (convert of the qwen3-moe-fp8
-   fixture, w4a8-mxfp-moe) with an empty NUMBA_CACHE_DIR, then again with the cache it filled; the
-   difference is the kernels' one-time compilation.
+   fixture, w4a8-mxfp-moe) with an empty NUMBA_CACHE_DIR, --reps times (median), then again with
+   the cache it filled; the difference is the kernels' one-time compilation.
 5. Prints one table (command, median wall seconds, median CPU seconds (user + system: on a shared
    machine they move less than wall seconds), MB/s, ratio to its baseline, peak RSS), then every
    target of issue 8 with PASS/FAIL, and exits 1 when one is missed. --json writes it all.
@@ -283,18 +283,27 @@ def clear(out: Path) -> None:
     os.sync()
 
 
-def first_run_compile(workdir: Path) -> tuple[float, float, str, float]:
-    """(seconds of the README's first command with an empty numba cache, seconds with the cache it
-    filled, the first run's stderr, the CPU seconds the compilation added)."""
+def first_run_compile(workdir: Path, reps: int) -> tuple[float, float, str, float]:
+    """(median seconds of the README's first command with an empty numba cache, over `reps` runs
+    each with a new one; the fastest run with a filled cache; a first run's stderr; the median
+    CPU seconds the compilation added)."""
     fixture = REPO / "fixtures" / "qwen3-moe-fp8"
     out = workdir / "first-run"
     argv = ascendconv_command() + ["convert", str(fixture), str(out), "--scheme", "w4a8-mxfp-moe", "--overwrite", "--quiet"]
-    with tempfile.TemporaryDirectory() as cache:
-        env = dict(os.environ, NUMBA_CACHE_DIR=cache)
-        cold, _, stderr, cold_cpu = run_timed(argv, out, env)
-        warm = [run_timed(argv, out, env) for _ in range(2)]
+    colds, warm = [], []
+    for _ in range(reps):
+        with tempfile.TemporaryDirectory() as cache:
+            env = dict(os.environ, NUMBA_CACHE_DIR=cache)
+            colds.append(run_timed(argv, out, env))
+            warm.append(run_timed(argv, out, env))
     clear(out)
-    return cold, min(w[0] for w in warm), stderr, cold_cpu - min(w[3] for w in warm)
+    cached = min(w[0] for w in warm)
+    return (
+        statistics.median(c[0] for c in colds),
+        cached,
+        colds[0][2],
+        statistics.median(c[3] for c in colds) - min(w[3] for w in warm),
+    )
 
 
 class Command:
@@ -407,7 +416,7 @@ def main() -> None:
             command.run()
     clear(out)
     print("first run after install (empty numba cache) ...", file=sys.stderr)
-    cold, cached, first_stderr, compile_cpu = first_run_compile(work)
+    cold, cached, first_stderr, compile_cpu = first_run_compile(work, args.reps)
 
     rows = [c.row() for c in commands]
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
