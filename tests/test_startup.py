@@ -74,3 +74,19 @@ def test_the_probe_sees_numerics_when_a_command_uses_them(dense_package):
     """The checks above can fail: verify --source reads tensor values, so numpy is loaded."""
     modules = loaded("verify", str(dense_package), "--source", str(FIXTURES / "qwen3-dense-fp8"), "--quiet")
     assert {"numpy", "ascendconv.verify.accuracy"} <= modules
+
+
+def test_exit_skips_the_final_garbage_collection():
+    """The CLI freezes every live object at exit, so the interpreter's last collection does not
+    walk numba's type system (0.1 s of a convert of the sample). Frozen by the exit handlers, which
+    run before the collection; a command's own handlers, registered later, run before the freeze."""
+    probe = (
+        "import atexit, gc\n"
+        "import ascendconv.cli\n"
+        "atexit.register(lambda: print('frozen before my handler:', gc.get_freeze_count() > 0))\n"
+        "import numba\n"
+        "atexit._run_exitfuncs()\n"
+        "print('frozen after:', gc.get_freeze_count() > 0)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert run.stdout.splitlines() == ["frozen before my handler: False", "frozen after: True"]

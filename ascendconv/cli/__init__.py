@@ -6,6 +6,8 @@ they share are in `options.py`, the human output in `render/`.
 
 from __future__ import annotations
 
+import atexit
+import gc
 import json
 import signal
 from typing import Callable
@@ -16,6 +18,12 @@ from rich.markup import escape
 from ascendconv import __version__
 from ascendconv.cli.console import err, out
 from ascendconv.errors import EXIT_INTERRUPTED, AscendconvError, Interrupted
+
+# At exit the interpreter's last garbage collection walks every object still alive, numba's type
+# system included: 0.11 s of a 0.63 s convert of the sample, 0.03 s of a 0.15 s verify. Objects frozen
+# first are skipped; nothing is lost, as a command holds no cyclic garbage whose finalizer matters
+# (files are closed and temporary directories removed before it returns).
+atexit.register(gc.freeze)
 
 app = typer.Typer(
     add_completion=False,
