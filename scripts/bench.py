@@ -27,7 +27,7 @@
    - `verify OUT --source SRC`, with `--exact-full`, and with `--sample 0.1`;
    - `convert --dry-run`, `inspect SRC`, `ascendconv --help` and `verify` of the package converted
      from the 0.5 MB sample fixture (start-up: wall seconds; the last is what `verify OUT` spends
-     besides reading and hashing, and the table says what that leaves against `cat`).
+     besides reading and hashing, and the target on `verify OUT` is on what remains against `cat`).
    Peak resident memory is /usr/bin/time's "maximum resident set size".
 4. Times the first run after install: the README's first command (convert of the qwen3-moe-fp8
    fixture, w4a8-mxfp-moe) with an empty NUMBA_CACHE_DIR, --reps times (median), then again with
@@ -69,11 +69,15 @@ SIGMA_CODES = 448.0 / 4.6  # a Gaussian tile whose largest |w| (about 4.6 sigma)
 SCHEMES = ("w8a8-mxfp8", "w4a8-mxfp")
 TARGET_RATIO = {"w8a8-mxfp8": 1.2, "w4a8-mxfp": 0.9}  # wall, to `cp -r` + sync of the same source
 TARGET_RSS = 2**30
-TARGET_START_S = {"convert --dry-run": 0.35, "inspect SRC": 0.35, "--help": 0.25}
+STARTUP_LABEL = "verify OUT, sample (start-up)"
+TARGET_START_S = {"convert --dry-run": 0.35, "inspect SRC": 0.35, "--help": 0.25, STARTUP_LABEL: 0.35}
+# `verify OUT` reads and hashes at <= 1.2 x the time of `cat`, its start-up aside (gated above with
+# the other start-ups): at 2.3 GB in the page cache, `cat` takes 0.3 s, and 1.2 x of the whole command
+# would leave 0.06 s for a start-up that --help alone may spend 0.25 s on; the whole-command ratio is
+# still the table's `ratio` column
 TARGET_VERIFY_TO_CAT = 1.2
 TARGET_SOURCE_MB_S = {"verify --source": 500.0, "verify --source --exact-full": 300.0}
 TARGET_COMPILE_S = 4.0
-STARTUP_LABEL = "verify OUT, sample (start-up)"
 
 
 # --- the synthetic checkpoint ------------------------------------------------------------------
@@ -446,11 +450,14 @@ def main() -> None:
     notice = next((line.strip() for line in first_stderr.splitlines() if "compil" in line), None)
     print(f"  its notice on stderr: {notice!r}")
     by_label = {row["command"]: row for row in rows}
-    if "verify OUT" in by_label and STARTUP_LABEL in by_label:
-        whole, start = by_label["verify OUT"], by_label[STARTUP_LABEL]
-        rest = whole["median_s"] - start["median_s"]
-        print(f"verify OUT less its start-up: {rest:.2f} s, {rest / whole['baseline_s']:.2f} x cat (reading and hashing "
-              f"{package_bytes / 1e9:.2f} GB; the start-up of {start['median_s']:.2f} s does not grow with the package)")
+    hashing = {}  # verify OUT label -> (seconds less the start-up, their ratio to cat)
+    for label in ("verify OUT", "verify OUT (cold cache)"):
+        if label in by_label and STARTUP_LABEL in by_label:
+            whole, start = by_label[label], by_label[STARTUP_LABEL]
+            rest = whole["median_s"] - start["median_s"]
+            hashing[label] = rest, rest / whole["baseline_s"]
+            print(f"{label} less its start-up: {rest:.2f} s, {hashing[label][1]:.2f} x cat (reading and hashing "
+                  f"{package_bytes / 1e9:.2f} GB; the start-up of {start['median_s']:.2f} s does not grow with the package)")
     print()
 
     checks = []
@@ -464,10 +471,9 @@ def main() -> None:
     for label, limit in TARGET_START_S.items():
         if label in by_label:
             checks.append((f"{label}: <= {limit} s ({by_label[label]['median_s']:.2f} s)", by_label[label]["median_s"] <= limit))
-    for label in ("verify OUT", "verify OUT (cold cache)"):
-        if label in by_label:
-            ratio = by_label[label]["ratio"]
-            checks.append((f"{label}: <= {TARGET_VERIFY_TO_CAT} x cat of the shards ({ratio:.2f} x)", ratio <= TARGET_VERIFY_TO_CAT))
+    for label, (_, ratio) in hashing.items():
+        checks.append((f"{label}: reads and hashes in <= {TARGET_VERIFY_TO_CAT} x cat of the shards ({ratio:.2f} x; "
+                       f"{by_label[label]['ratio']:.2f} x with its start-up)", ratio <= TARGET_VERIFY_TO_CAT))
     for label, rate in TARGET_SOURCE_MB_S.items():
         if label in by_label:
             got = by_label[label]["mb_per_s"]
