@@ -588,7 +588,8 @@ def test_importing_the_kernels_compiles_nothing(tmp_path):
 )
 def test_first_run_says_it_compiles_once_and_only_what_it_needs(tmp_path, scheme, fixture, compiled):
     """A fresh numba cache: convert says on stderr that it compiles the kernels and how long it
-    took, and compiles only the entry points the plan needs; the next run says nothing."""
+    took, and compiles only the entry points the plan needs; the next run, and verify --source of
+    the package, say nothing."""
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"))
     argv = [sys.executable, "-m", "ascendconv.cli", "convert", str(FIXTURES / fixture), "--scheme", scheme, "--quiet"]
     first = subprocess.run(argv + [str(tmp_path / "a")], capture_output=True, text=True, env=env, timeout=600)
@@ -603,6 +604,11 @@ def test_first_run_says_it_compiles_once_and_only_what_it_needs(tmp_path, scheme
     assert sorted(n for n in cached if n.endswith("_kernel")) == sorted(expected)
     again = subprocess.run(argv + [str(tmp_path / "b")], capture_output=True, text=True, env=env, timeout=600)
     assert again.returncode == 0 and again.stderr == ""
+    # the README's first command goes on with verify --source: it needs no kernel convert did not
+    # (a module unquantized in the source is labeled FLOAT like a resolved one, but needs no kernel)
+    verify = [sys.executable, "-m", "ascendconv.cli", "verify", str(tmp_path / "a"), "--source", str(FIXTURES / fixture)]
+    checked = subprocess.run(verify + ["--quiet"], capture_output=True, text=True, env=env, timeout=600)
+    assert checked.returncode == 0 and checked.stderr == "", checked.stderr
 
 
 # --- the convert pipeline around the kernels ------------------------------------------------------

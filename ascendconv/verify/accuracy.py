@@ -284,7 +284,9 @@ class _Rederive:
         from ascendconv import kernels
 
         self.kernels = kernels
-        kinds = {m.label for m in lay.modules.values()}
+        # the types the source's FP8 linears were written as (a module unquantized in the source
+        # is labeled FLOAT too, but is compared as a copy and needs no kernel)
+        kinds = {lay.modules[linear.prefix].label for linear in source.linears.values() if linear.prefix in lay.modules}
         needed = kernels.entry_points_for(bool(kinds & set(MX_TYPES)) and rule is not None, FLOAT in kinds, source.quant.block)
         if kinds & set(MX_TYPES) and (options.exact == "full" or rule is None):
             needed.append("error")  # the error of every row
