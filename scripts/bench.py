@@ -30,8 +30,9 @@
      besides reading and hashing, and the target on `verify OUT` is on what remains against `cat`).
    Peak resident memory is /usr/bin/time's "maximum resident set size".
 4. Times the first run after install: the README's first command (convert of the qwen3-moe-fp8
-   fixture, w4a8-mxfp-moe) with an empty NUMBA_CACHE_DIR, --reps times (median), then again with
-   the cache it filled; the difference is the kernels' one-time compilation.
+   fixture, w4a8-mxfp-moe, then verify --source --moe-check of the package) with an empty
+   NUMBA_CACHE_DIR, --reps times (median), then again with the cache it filled; the difference is
+   the kernels' one-time compilation.
 5. Prints one table (command, median wall seconds, median CPU seconds (user + system: on a shared
    machine they move less than wall seconds), MB/s, ratio to its baseline, peak RSS), then every
    target of issue 8 with PASS/FAIL, and exits 1 when one is missed. --json writes it all.
@@ -288,25 +289,32 @@ def clear(out: Path) -> None:
 
 
 def first_run_compile(workdir: Path, reps: int) -> tuple[float, float, str, float]:
-    """(median seconds of the README's first command with an empty numba cache, over `reps` runs
-    each with a new one; the fastest run with a filled cache; a first run's stderr; the median
-    CPU seconds the compilation added)."""
+    """(median seconds of the README's first command, convert then verify --source --moe-check of
+    the sample, with an empty numba cache, over `reps` runs each with a new one; the fastest run with
+    a filled cache; a first run's stderr; the median CPU seconds the compilation added)."""
     fixture = REPO / "fixtures" / "qwen3-moe-fp8"
     out = workdir / "first-run"
-    argv = ascendconv_command() + ["convert", str(fixture), str(out), "--scheme", "w4a8-mxfp-moe", "--overwrite", "--quiet"]
+    tool = ascendconv_command()
+    convert = tool + ["convert", str(fixture), str(out), "--scheme", "w4a8-mxfp-moe", "--overwrite", "--quiet"]
+    verify = tool + ["verify", str(out), "--source", str(fixture), "--moe-check", "--quiet"]
+
+    def readme_command(env: dict) -> tuple[float, str, float]:
+        seconds, _, stderr, cpu = run_timed(convert, out, env)
+        more_seconds, _, more_stderr, more_cpu = run_timed(verify, None, env)
+        return seconds + more_seconds, stderr + more_stderr, cpu + more_cpu
+
     colds, warm = [], []
     for _ in range(reps):
         with tempfile.TemporaryDirectory() as cache:
             env = dict(os.environ, NUMBA_CACHE_DIR=cache)
-            colds.append(run_timed(argv, out, env))
-            warm.append(run_timed(argv, out, env))
+            colds.append(readme_command(env))
+            warm.append(readme_command(env))
     clear(out)
-    cached = min(w[0] for w in warm)
     return (
         statistics.median(c[0] for c in colds),
-        cached,
-        colds[0][2],
-        statistics.median(c[3] for c in colds) - min(w[3] for w in warm),
+        min(w[0] for w in warm),
+        colds[0][1],
+        statistics.median(c[2] for c in colds) - min(w[2] for w in warm),
     )
 
 
