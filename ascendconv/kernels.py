@@ -40,9 +40,7 @@ threads run them in parallel. No fastmath anywhere: the float operations and the
 the reference's.
 
 First-run compilation is part of the user's wait, so `_requantize_kernel` is built to type
-quickly: a machine compiles only its own lookup (AVX2 or scalar, a closure constant numba prunes),
-and the kernel takes flat arrays and caller-made scratch, because each numpy call in a kernel
-(reshape, view, np.empty) makes numba compile an internal function of its own.
+quickly (see `_requantize_kernel_for` and the kernel's docstring).
 
 Inputs the reference rejects (NaN codes, non-finite resolved values, bad shapes or options) are
 handed to the reference itself, so the exception raised is the reference's, word for word.
