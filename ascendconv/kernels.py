@@ -733,26 +733,26 @@ def _requantize_kernel_for(vector_lookup):
                 i = 0
                 while i < n_sse:
                     # four groups at a time (the last ones repeated to fill the four)
-                    last = sse_groups0 + n_sse - 1
-                    q0 = sse_groups0 + i
-                    q1 = q0 + 1 if q0 + 1 < last else last
-                    q2 = q0 + 2 if q0 + 2 < last else last
-                    q3 = q0 + 3 if q0 + 3 < last else last
+                    last = n_sse - 1
+                    q0 = i
+                    q1 = i + 1 if i + 1 < last else last
+                    q2 = i + 2 if i + 2 < last else last
+                    q3 = i + 3 if i + 3 < last else last
                     decisions = _sse_decisions(
                         codes,
-                        row_start + np.uint64(work[q0] * GROUP_SIZE),
-                        row_start + np.uint64(work[q1] * GROUP_SIZE),
-                        row_start + np.uint64(work[q2] * GROUP_SIZE),
-                        row_start + np.uint64(work[q3] * GROUP_SIZE),
+                        row_start + np.uint64(work[sse_groups0 + q0] * GROUP_SIZE),
+                        row_start + np.uint64(work[sse_groups0 + q1] * GROUP_SIZE),
+                        row_start + np.uint64(work[sse_groups0 + q2] * GROUP_SIZE),
+                        row_start + np.uint64(work[sse_groups0 + q3] * GROUP_SIZE),
                         sq_tabs,
-                        np.uint64((work[q0 + n_groups] & _SLOT_MASK) * 512),
-                        np.uint64((work[q1 + n_groups] & _SLOT_MASK) * 512),
-                        np.uint64((work[q2 + n_groups] & _SLOT_MASK) * 512),
-                        np.uint64((work[q3 + n_groups] & _SLOT_MASK) * 512),
+                        np.uint64((work[sse_info0 + q0] & _SLOT_MASK) * 512),
+                        np.uint64((work[sse_info0 + q1] & _SLOT_MASK) * 512),
+                        np.uint64((work[sse_info0 + q2] & _SLOT_MASK) * 512),
+                        np.uint64((work[sse_info0 + q3] & _SLOT_MASK) * 512),
                     )
                     for d in range(4 if n_sse - i > 4 else n_sse - i):
                         if decisions & (1 << d):  # ties stay at E_floor: switch to E_floor + 1's table and scale
-                            g = work[q0 + d]
+                            g = work[sse_groups0 + i + d]
                             work[gtab0 + g] = ((work[sse_info0 + i + d] >> 24) & _SLOT_MASK) * 256
                             scales_out[scale_row + np.uint64(g)] += np.uint8(1)
                     i += 4
