@@ -161,6 +161,44 @@ def test_a_second_run_to_the_same_output_fails_at_once(fixture_copy, tmp_path):
     assert hidden_siblings(tmp_path) == []  # no lock file, no staging
 
 
+def plant_lock(out: Path, kind: str, victim: Path) -> Path:
+    """The lock file's name beside OUT, made into something a hostile neighbour could leave there."""
+    lock = out.parent / f".{out.name}.ascendconv-lock"
+    if kind == "symlink":
+        lock.symlink_to(victim)
+    elif kind == "dangling symlink":
+        lock.symlink_to(out.parent / "nowhere")
+    elif kind == "hard link":
+        os.link(victim, lock)
+    elif kind == "fifo":
+        os.mkfifo(lock)
+    else:
+        lock.mkdir()
+    return lock
+
+
+@pytest.mark.parametrize("kind", ["symlink", "dangling symlink", "hard link", "fifo", "directory"])
+@pytest.mark.parametrize("command", ["convert", "assemble"])
+def test_a_planted_lock_file_is_refused_and_nothing_is_clobbered(fixture_copy, tmp_path, kind, command):
+    src = fixture_copy(DENSE)
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(b"precious\n")
+    out = tmp_path / "out"
+    lock = plant_lock(out, kind, victim)
+    if command == "convert":
+        result = run_convert(src, out)
+    else:
+        part = tmp_path / "part"
+        assert run_convert(src, part, "--part", "1/1").exit_code == 0
+        result = runner.invoke(app, ["assemble", str(out), str(part), "--quiet"])
+    assert result.exit_code == 2, result.output
+    assert "lock file" in result.stderr and str(lock) in result.stderr
+    assert victim.read_bytes() == b"precious\n"
+    assert not (tmp_path / "nowhere").exists()
+    assert not out.exists()
+    assert [n for n in hidden_siblings(tmp_path) if "staging" in n] == []
+
+
 def test_stale_staging_of_a_dead_run_is_removed(fixture_copy, tmp_path):
     src = fixture_copy(DENSE)
     out = tmp_path / "out"

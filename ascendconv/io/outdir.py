@@ -19,9 +19,10 @@ import os
 import secrets
 import shutil
 import signal
+import stat
 import threading
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, NoReturn
 
 from ascendconv.errors import Interrupted, OutputBusyError, OutputExistsError, UnsafeOutputError
 from ascendconv.io.files import is_within
@@ -147,7 +148,7 @@ class OutputLock:
 
     def acquire(self) -> None:
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = self._open()
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -168,6 +169,32 @@ class OutputLock:
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()} {os.uname().nodename}\n".encode())
         self.fd = fd
+
+    def _open(self) -> int:
+        """The lock file, opened without following a symlink and refused unless it is a regular file
+        of ours alone: OUT's parent may be shared (/tmp, /models), and whoever can write there could
+        otherwise point the lock's name at any file, which the truncate and write below would clobber.
+        O_NONBLOCK keeps a FIFO planted under the name from blocking the open."""
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+        try:
+            fd = os.open(self.path, flags, 0o644)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                self._refuse(f"a symbolic link (to {os.readlink(self.path)})")
+            if exc.errno == errno.EISDIR:
+                self._refuse("a directory")
+            raise
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            os.close(fd)
+            self._refuse("not a regular file" if not stat.S_ISREG(st.st_mode) else f"a file with {st.st_nlink} hard links")
+        return fd
+
+    def _refuse(self, what: str) -> NoReturn:
+        raise UnsafeOutputError(
+            f"{self.path}: the lock file is {what}, which a run never writes to",
+            f"remove {self.path} if no ascendconv run is writing this output, or choose another OUT",
+        )
 
     def release(self) -> None:
         if self.fd is None:
