@@ -1,9 +1,10 @@
-"""numba fast path of `requantize.py`: the same three functions, bit-identical results.
+"""numba fast path of `requantize.py`: the same four functions, bit-identical results.
 
-`requantize_rows`, `resolve_rows_bf16` and `first_nan_code` have the signatures and results of
-their numpy counterparts in `requantize.py` (the reference, built on resolve.py and mx.py), plus an
-optional keyword `out` to write into a caller's buffer; tests/test_kernels.py proves the bytes
-equal on random and adversarial inputs, on every path below.
+`requantize_rows`, `quantize_rows`, `resolve_rows_bf16` and `first_nan_code` have the signatures
+and results of their numpy counterparts in `requantize.py` (the reference, built on resolve.py and
+mx.py), plus an optional keyword `out` to write into a caller's buffer; tests/test_kernels.py
+proves the bytes equal on random and adversarial inputs, on every path below. `quantize_rows`
+(float values of a plain source) has a kernel of its own, with no tables: values are not codes.
 
 How it is fast (contract section 4, "byte-domain conversion"):
 
@@ -491,7 +492,15 @@ def _direct_group(v, out, fmt, rule, emax, max_mantissa, max_exponent, sbit, lo_
         for j in range(GROUP_SIZE):
             out[j] = _encode(v[j] * factor, fmt)
         return low
-    high = low + 1 if low < 254 else 254
+    # mse compares E_floor with E_floor + 1 only when the group saturates at E_floor (the module
+    # docstring's bound: at most 464 for E4M3, 7 for E2M1, E_floor wins for sure)
+    sse_above = np.float32(464.0) if fmt == _FMT_E4M3 else np.float32(7.0)
+    if low >= 254 or amax * _pow2f(127 - low) <= sse_above:
+        factor = _pow2f(127 - low)
+        for j in range(GROUP_SIZE):
+            out[j] = _encode(v[j] * factor, fmt)
+        return low
+    high = low + 1
     sse = np.zeros(2, dtype=np.float64)
     for which in range(2):
         e = low if which == 0 else high
@@ -986,7 +995,110 @@ def _first_nan_kernel(flat):
     return -1
 
 
+@njit(cache=True, nogil=True)
+def _mse_float_group(row, kk, low, fmt, lo_codes, hi_codes, d_low, d_high):
+    """mse's choice for the group row[kk : kk + 32], which saturates at E_floor = `low`: the codes
+    at E_floor and E_floor + 1 and their squared errors, computed as the direct path does (float32
+    dequantization, float64 differences) and summed sequentially j = 0..31. Returns the exponent
+    chosen; its codes are left in `hi_codes`."""
+    high = low + 1
+    f_low, f_high = _pow2f(127 - low), _pow2f(127 - high)
+    u_low, u_high = _pow2f(low - 127), _pow2f(high - 127)
+    for j in range(GROUP_SIZE):
+        v = row[kk + j]
+        c_low = _encode(v * f_low, fmt)
+        c_high = _encode(v * f_high, fmt)
+        lo_codes[j], hi_codes[j] = c_low, c_high
+        if fmt == _FMT_E4M3:
+            q_low, q_high = _E4M3_DECODE[c_low] * u_low, _E4M3_DECODE[c_high] * u_high
+        else:
+            q_low, q_high = _E2M1_DECODE[c_low] * u_low, _E2M1_DECODE[c_high] * u_high
+        d_low[j] = np.float64(v) - np.float64(q_low)
+        d_high[j] = np.float64(v) - np.float64(q_high)
+    sse_low = 0.0
+    sse_high = 0.0
+    for j in range(GROUP_SIZE):
+        sse_low += d_low[j] * d_low[j]
+        sse_high += d_high[j] * d_high[j]
+    if sse_high < sse_low:
+        return high
+    for j in range(GROUP_SIZE):
+        hi_codes[j] = lo_codes[j]
+    return low
+
+
+_FLOAT_ROWS_SIG = types.int64(
+    types.Array(types.float32, 2, "C", readonly=True),  # values [R, K]
+    types.int64,  # format
+    types.int64,  # rule
+    *_ROWS_OUT,  # payload, scale bytes
+)
+
+
+@_entry_point(_FLOAT_ROWS_SIG)
+def _quantize_float_kernel(values, fmt, rule, payload2d, scales2d):
+    """Float rows (a BF16 / F16 / F32 source) -> MX payload and scale bytes. Status 0: done;
+    1: NaN/Inf.
+
+    Per group: the maximum magnitude from the bits, the shared exponent by the rule, then the 32
+    encodes as one branch-free loop per format (which LLVM vectorizes). mse compares two exponents
+    only for a group that saturates at E_floor (the module docstring's bound: a fifth to a quarter
+    of the groups of Gaussian weights), in `_mse_float_group`."""
+    rows, k = values.shape
+    n_groups = k // GROUP_SIZE
+    if fmt == _FMT_E4M3:
+        emax, sse_above = 8, np.float32(464.0)
+        max_mantissa, max_exponent = 0.875, 9
+    else:
+        emax, sse_above = 2, np.float32(7.0)
+        max_mantissa, max_exponent = 0.75, 3
+    glo = np.empty(GROUP_SIZE, dtype=np.uint8)
+    ghi = np.empty(GROUP_SIZE, dtype=np.uint8)
+    dlo = np.empty(GROUP_SIZE, dtype=np.float64)
+    dhi = np.empty(GROUP_SIZE, dtype=np.float64)
+    for r in range(rows):
+        row = values[r]
+        out = payload2d[r]
+        for g in range(n_groups):
+            kk = g * GROUP_SIZE
+            amax_bits = np.uint32(0)
+            for j in range(GROUP_SIZE):
+                amax_bits = max(amax_bits, _f32_bits(row[kk + j]) & np.uint32(0x7FFFFFFF))
+            if amax_bits >= np.uint32(0x7F800000):
+                return 1
+            amax = _bits_f32(amax_bits)
+            if rule == _RCEIL:
+                e = _rceil_exponent(amax, max_mantissa, max_exponent)
+            else:
+                e = _floor_exponent(amax_bits, emax)
+                if rule == _MSE and e < 254 and amax * _pow2f(127 - e) > sse_above:
+                    e = _mse_float_group(row, kk, e, fmt, glo, ghi, dlo, dhi)
+                    scales2d[r, g] = np.uint8(e)
+                    if fmt == _FMT_E4M3:
+                        for j in range(GROUP_SIZE):
+                            out[kk + j] = ghi[j]
+                    else:
+                        for j in range(GROUP_SIZE // 2):
+                            out[g * (GROUP_SIZE // 2) + j] = ghi[2 * j] | (ghi[2 * j + 1] << np.uint8(4))
+                    continue
+            scales2d[r, g] = np.uint8(e)
+            # floor with E = 0: the group is below the smallest scale, written as signed zeros
+            # (mx._floor_exponents); the factor 0 keeps each sign, as the reference does
+            factor = np.float32(0.0) if (rule == _FLOOR and e == 0) else _pow2f(127 - e)
+            if fmt == _FMT_E4M3:
+                for j in range(GROUP_SIZE):
+                    out[kk + j] = _encode_e4m3(row[kk + j] * factor)
+            else:
+                h0 = g * (GROUP_SIZE // 2)
+                for j in range(GROUP_SIZE // 2):
+                    lo = _encode_e2m1(row[kk + 2 * j] * factor)
+                    hi = _encode_e2m1(row[kk + 2 * j + 1] * factor)
+                    out[h0 + j] = lo | (hi << np.uint8(4))
+    return 0
+
+
 ENTRY_POINTS = {
+    "quantize_float": _quantize_float_kernel,
     "requantize": _requantize_kernel,
     "requantize_scalar": _requantize_scalar_kernel,
     "requantize_direct": _requantize_direct_kernel,
@@ -1135,6 +1247,28 @@ def requantize_rows(
         )
     if status:  # NaN code or non-finite value: the reference raises its own error
         return _reference.requantize_rows(codes, scale_inv, block, row_offset, resolve_dtype, fmt, rule)
+    return payload, scales
+
+
+def quantize_rows(values: np.ndarray, fmt, rule: str, *, out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Float rows -> (payload, scale bytes): the bytes of `requantize.quantize_rows`. `out` as in
+    `requantize_rows`."""
+    fmt_id = _fmt_id(fmt)
+    if (
+        not isinstance(values, np.ndarray)
+        or values.ndim != 2
+        or values.dtype != np.float32
+        or fmt_id is None
+        or rule not in SCALE_RULES
+        or values.shape[1] % GROUP_SIZE
+        or values.shape[0] == 0
+    ):
+        return _reference.quantize_rows(values, fmt, rule)
+    rows, k = values.shape
+    payload = _output(out, (rows, k if fmt_id == _FMT_E4M3 else k // 2), np.uint8)
+    scales = np.empty((rows, k // GROUP_SIZE), dtype=np.uint8)
+    if _quantize_float_kernel(np.ascontiguousarray(values), fmt_id, _RULE_IDS[rule], payload, scales):
+        return _reference.quantize_rows(values, fmt, rule)  # NaN/Inf: the reference raises its own error
     return payload, scales
 
 

@@ -707,3 +707,45 @@ def test_workers_are_capped_at_the_core_count(tmp_path, monkeypatch):
     monkeypatch.setattr(pipeline, "ThreadPoolExecutor", recording)
     convert(FIXTURES / "qwen3-dense-fp8", tmp_path / "out", ConvertOptions(workers=1000))
     assert seen == [os.cpu_count()]
+
+
+# --- float rows (plain BF16 / F16 / F32 sources) -------------------------------------------------
+
+
+def adversarial_float_rows(seed: int, rows: int = 48, k: int = 512) -> np.ndarray:
+    """Random rows of every magnitude, with group maxima placed on and around the bounds where the
+    rules' decisions turn: 448 / 464 (E4M3 saturation, mse's shortcut), 6 / 7 (E2M1), ties, float32
+    extremes, zeros and subnormals."""
+    rng = np.random.default_rng(seed)
+    values = (rng.standard_normal((rows, k)) * rng.lognormal(0, 4, (rows, 1))).astype(np.float32)
+    edges = np.array([448, 464, np.nextafter(np.float32(464), np.float32(1e9)), 6, 7, 7.0000005, 240, 232, 3.5, 0.25])
+    for g in range(0, k, 32):
+        row = rng.integers(0, rows)
+        values[row, g + rng.integers(0, 32)] = np.float32(rng.choice(edges) * 2.0 ** int(rng.integers(-140, 120)))
+    values[0, :32] = 0.0
+    values[1, :32] = -0.0
+    values[2, :32] = 1e-40
+    values[3, :32] = np.float32(3.4e38)
+    return values
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("fmt", [E4M3, E2M1], ids=["e4m3", "e2m1"])
+@pytest.mark.parametrize("rule", ["floor", "rceil", "mse"])
+def test_float_rows_kernel_equals_the_reference(seed, fmt, rule):
+    values = adversarial_float_rows(seed)
+    payload, scales = kernels.quantize_rows(values, fmt, rule)
+    want_payload, want_scales = requantize.quantize_rows(values, fmt, rule)
+    assert payload.tobytes() == want_payload.tobytes() and scales.tobytes() == want_scales.tobytes()
+    out = np.empty_like(want_payload)
+    assert kernels.quantize_rows(values, fmt, rule, out=out)[0] is not None and out.tobytes() == want_payload.tobytes()
+
+
+def test_float_rows_kernel_refuses_non_finite_values_as_the_reference_does():
+    values = adversarial_float_rows(0, rows=4)
+    values[2, 77] = np.inf
+    with pytest.raises(ValueError) as want:
+        requantize.quantize_rows(values, E4M3, "mse")
+    with pytest.raises(ValueError) as got:
+        kernels.quantize_rows(values, E4M3, "mse")
+    assert str(got.value) == str(want.value)

@@ -1,7 +1,8 @@
-"""One step of the conversion, in numpy: FP8 source rows -> MX payload rows (the reference).
+"""One step of the conversion, in numpy: source rows -> MX payload rows (the reference).
 
-`requantize_rows` is the function every faster kernel must match bit for bit: it composes the
-tile resolve (resolve.py) and the MX quantizer (mx.py) exactly as the contract (docs/contract.md) defines them.
+`requantize_rows` (FP8 tiles) and `quantize_rows` (float values) are the functions every faster
+kernel must match bit for bit: they compose the tile resolve (resolve.py) and the MX quantizer
+(mx.py) exactly as the contract (docs/contract.md) defines them.
 """
 
 from __future__ import annotations
@@ -35,6 +36,16 @@ def requantize_rows(
     """
     values = resolve.resolve_tiles(codes, scale_inv, block, resolve_dtype, row_offset=row_offset)
     out_codes, scales = mx.quantize_mx(values, fmt, rule)
+    if fmt is E2M1:
+        out_codes = elements.pack_fp4(out_codes)
+    return out_codes, scales
+
+
+def quantize_rows(values: np.ndarray, fmt: ElementFormat, rule: str) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of a float source weight (BF16 / F16 / F32, widened exactly to float32) -> (payload,
+    scale bytes): MX quantization of the values themselves, no tile resolve. Raises ValueError on
+    NaN / Inf and when K % 32 != 0 (mx.quantize_mx)."""
+    out_codes, scales = mx.quantize_mx(np.asarray(values, dtype=np.float32), fmt, rule)
     if fmt is E2M1:
         out_codes = elements.pack_fp4(out_codes)
     return out_codes, scales
