@@ -147,9 +147,13 @@ class SourceFileRecord:
 @dataclass(frozen=True)
 class SourceRecord:
     name: str  # the source directory's name
+    format: str  # the source format's name (sources/: "hf-fp8-block", ...)
     quantization_config: str  # where config.json holds it ("quantization_config" or under "text_config")
-    weight_block_size: tuple[int, int]
+    params: dict  # what the format read from its config (e.g. weight_block_size)
     files: tuple[SourceFileRecord, ...]
+
+
+LEGACY_SOURCE_FORMAT = "hf-fp8-block"  # packages of 0.3 and before record no format: they read only this one
 
 
 @dataclass(frozen=True)
@@ -231,6 +235,11 @@ class Provenance:
     @property
     def source_name(self) -> str | None:
         return _text(self.source.get("name"))
+
+    @property
+    def source_format(self) -> str | None:
+        """The source format's name (None where the file holds something else)."""
+        return _text(self.source.get("format", LEGACY_SOURCE_FORMAT))
 
     @property
     def source_files(self) -> list | None:

@@ -23,10 +23,10 @@ from ascendconv.pipeline import Kernel, Progress
 from ascendconv.errors import AscendconvError, PartFailedError, RayMissingError
 from ascendconv.io.outdir import StagedOutput, check_output, signals_interrupt
 from ascendconv.io.output import check_free_space, check_output_path, output_errors
-from ascendconv.io.source import SourceCheckpoint
 from ascendconv.options import RayOptions
 from ascendconv.ascendv1 import DESCRIPTION_NAME
 from ascendconv.plan import OutputKind, Plan
+from ascendconv.sources import Source, open_source
 
 PROGRESS_EVERY = 0.25  # seconds between a task's progress reports
 
@@ -39,7 +39,7 @@ def import_ray():
     return ray
 
 
-def source_bytes(source: SourceCheckpoint, plan: Plan) -> int:
+def source_bytes(source: Source, plan: Plan) -> int:
     """The source bytes a whole conversion reads (what the progress bar counts)."""
     return sum(source.tensors[t.source].nbytes for t in plan.tensors if t.kind is not OutputKind.MX_SCALE)
 
@@ -85,7 +85,7 @@ def convert_on_ray(
     ray = import_ray()
     started = time.perf_counter()
     out = Path(out).absolute()
-    source = SourceCheckpoint.open(src)
+    source = open_source(src)
     try:
         plan = plan_for(source, options)
         Kernel(options.kernel)  # an unknown kernel fails here, not in every task

@@ -17,13 +17,13 @@ from ascendconv.errors import BadOptionError
 from ascendconv.io.files import file_size, mapped_reads_guarded
 from ascendconv.io.outdir import STAGING_TAG, StagedOutput, check_output, signals_interrupt, stale_siblings
 from ascendconv.io.output import check_free_space, check_output_path, output_errors, space_needed
-from ascendconv.io.source import SourceCheckpoint
 from ascendconv.options import KERNELS, ConvertOptions
 from ascendconv.package_files import copied_file_digests, provenance_record, write_package_files, write_plan_files
 from ascendconv.parts import PART_MANIFEST_NAME, part_shards, write_part_manifest
 from ascendconv.pipeline import Kernel, Notice, Progress, write_shards
 from ascendconv.plan import Plan, Planner
 from ascendconv.resume import LEDGER_NAME, Ledger, adopter, plan_identity, recorded_shards, verify_in_background
+from ascendconv.sources import Source, open_source
 
 
 @dataclass
@@ -54,7 +54,7 @@ class ConvertResult:
         }
 
 
-def plan_for(source: SourceCheckpoint, options: ConvertOptions) -> Plan:
+def plan_for(source: Source, options: ConvertOptions) -> Plan:
     return Planner.for_source(source, options.deployment).plan(
         scheme=options.scheme,
         scale_rule=options.scale_rule,
@@ -74,7 +74,7 @@ def convert(
 ) -> ConvertResult:
     started = time.perf_counter()
     out = Path(out)
-    source = SourceCheckpoint.open(src)
+    source = open_source(src)
     try:
         plan = plan_for(source, options)
         wanted = part_shards(plan, options.part)
@@ -91,7 +91,7 @@ def convert(
         check_output_path(out)  # first: names too long for the file system make stat() itself fail
         check()  # before anything is created; again under the lock
         check_free_space(out, space_to_write(source, plan, wanted, out, options.resume))
-        kernel.prepare(plan, source.quant.block, notice)
+        kernel.prepare(plan, source, notice)
         adopt = adopter(identity, out, options.overwrite) if options.resume else None
         workers = worker_count(options.workers)
         with output_errors(out), signals_interrupt(), mapped_reads_guarded(), StagedOutput(out, check, adopt) as staged:
@@ -119,7 +119,7 @@ def worker_count(requested: int) -> int:
     return min(requested, cores) if requested > 0 else cores
 
 
-def space_to_write(source: SourceCheckpoint, plan: Plan, wanted: list[int], out: Path, resume: bool) -> int:
+def space_to_write(source: Source, plan: Plan, wanted: list[int], out: Path, resume: bool) -> int:
     """Bytes the run will add at most (see io.output.space_needed): the wanted shards (all, or a
     part's) and the small files, less what kept work of an earlier --resume run already holds."""
     copied = sum(file_size(source.root / name) for name in plan.copied_files)
@@ -132,7 +132,7 @@ def space_to_write(source: SourceCheckpoint, plan: Plan, wanted: list[int], out:
 
 
 def resume_shards(
-    source: SourceCheckpoint,
+    source: Source,
     plan: Plan,
     kernel: Kernel,
     staged: StagedOutput,

@@ -1,7 +1,7 @@
-"""Pure: which quant type each FP8 linear is written in, and why.
+"""Pure: which quant type each source linear is written in, and why.
 
 From the user's choices (scheme, --override, the deployment: --tp, --ep, --shared-experts-as-routed)
-and the model's rules (models.py), each FP8 linear gets the type it asked for or the first one down
+and the model's rules (models.py), each source linear gets the type it asked for or the first one down
 the fallback chain whose K rule it meets; a group decided together (a MoE layer, a packed module)
 takes the lowest type any member needs. `plan.py` builds the package's tensors and shards on top.
 """
@@ -21,7 +21,7 @@ from ascendconv.formats.constants import FLOAT, W4A8_MXFP, W8A8_MXFP8
 from ascendconv.models import ModelRules, rules_for, tp_role
 
 if TYPE_CHECKING:  # an annotation only: the CLI imports this module and need not load the source reader
-    from ascendconv.io.source import Fp8Linear
+    from ascendconv.sources import SourceLinear
 
 
 class Scheme(str, Enum):
@@ -167,7 +167,7 @@ class ModuleDecision:
 
 @dataclass(frozen=True)
 class ModuleFacts:
-    """What the model's rules and the deployment say about one FP8 linear, whatever the scheme."""
+    """What the model's rules and the deployment say about one source linear, whatever the scheme."""
 
     group: str  # decided together: a MoE layer ('....experts'), a fused module, or itself
     routed: bool  # a routed expert (or a shared one placed with them): the MoE kernels' K rule
@@ -178,7 +178,7 @@ class ModuleFacts:
 
 
 def module_facts(
-    linears: dict[str, Fp8Linear], rules: ModelRules = GENERIC_RULES, deployment: Deployment = Deployment()
+    linears: dict[str, SourceLinear], rules: ModelRules = GENERIC_RULES, deployment: Deployment = Deployment()
 ) -> dict[str, ModuleFacts]:
     facts = {}
     for prefix, linear in linears.items():
@@ -202,13 +202,13 @@ def group_members(facts: dict[str, ModuleFacts]) -> dict[str, list[str]]:
 
 
 def decide_modules(
-    linears: dict[str, Fp8Linear],
+    linears: dict[str, SourceLinear],
     scheme: str,
     overrides: list[Override],
     facts: dict[str, ModuleFacts] | None = None,
     groups: dict[str, list[str]] | None = None,
 ) -> dict[str, ModuleDecision]:
-    """Every FP8 linear's written type and why. `facts` and `groups` (module_facts, group_members)
+    """Every source linear's written type and why. `facts` and `groups` (module_facts, group_members)
     are computed here unless given: a Planner computes them once for every scheme."""
     if scheme not in SCHEMES:
         raise BadOptionError(f"unknown scheme {scheme!r}", f"choose one of {', '.join(SCHEMES)}")

@@ -133,7 +133,17 @@ class UnrecognizedCheckpointError(InputError):
     default_hint = "pass a directory holding *.safetensors files and a config.json"
 
 
-class NotBlockFP8Error(InputError):
+class UnsupportedSourceError(InputError):
+    """A checkpoint in no format ascendconv reads (docs/sources.md lists them)."""
+
+    default_hint = "ascendconv reads the source formats listed in docs/sources.md"
+
+
+class NoQuantizableLinearError(UnrecognizedCheckpointError):
+    """A float checkpoint with nothing to quantize (no linear projection among its tensors)."""
+
+
+class NotBlockFP8Error(UnsupportedSourceError):
     default_hint = (
         "ascendconv converts Hugging Face block-wise FP8 checkpoints "
         "(quant_method 'fp8' with weight_block_size and dynamic activations)"

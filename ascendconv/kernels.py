@@ -1108,15 +1108,15 @@ ENTRY_POINTS = {
 }
 
 
-def entry_points_for(mx: bool, resolve: bool, block: tuple[int, int]) -> list[str]:
+def entry_points_for(mx: bool, resolve: bool, tiles_split_groups: bool) -> list[str]:
     """The entry points a conversion needs: requantize for MX weights (and the direct path when
-    the tiles split MX groups), resolve_bf16 and first_nan (its NaN check) for weights kept in
-    BF16. (requantize finds NaN codes itself; first_nan then only names the first one, and is
-    compiled on that first error.)"""
+    some tiles split MX groups: bk % 32 != 0), resolve_bf16 and first_nan (its NaN check) for
+    weights kept in BF16. (requantize finds NaN codes itself; first_nan then only names the first
+    one, and is compiled on that first error.)"""
     names = []
     if mx:
         names.append("requantize")
-        if block[1] % GROUP_SIZE:
+        if tiles_split_groups:
             names.append("requantize_direct")
     if resolve:
         names += ["resolve_bf16", "first_nan"]

@@ -20,10 +20,11 @@ from ascendconv.ascendv1 import (
 )
 from ascendconv.io.checksum import CHECKSUM
 from ascendconv.io.safetensors import nonfinite_count
-from ascendconv.io.source import SourceCheckpoint, find_quantization_config
 from ascendconv.pipeline import COPY_CHUNK_BYTES
 from ascendconv.plan import OutputKind, Plan
 from ascendconv.resume import sha256_hex
+from ascendconv.sources import Source
+from ascendconv.sources.checkpoint import find_quantization_config
 
 
 def strip_quantization_config(config: dict) -> dict:
@@ -43,7 +44,7 @@ def source_fingerprint(header_bytes: bytes, size: int) -> str:
     return hashlib.sha256(header_bytes + size.to_bytes(8, "little")).hexdigest()
 
 
-def nonfinite_copies(source: SourceCheckpoint, plan: Plan) -> dict[str, int]:
+def nonfinite_copies(source: Source, plan: Plan) -> dict[str, int]:
     """FLOAT tensors carried from the source that hold NaN or Inf -> how many, for the provenance.
 
     Convert copies such values as they are (it does not judge values it does not transform, and a
@@ -70,12 +71,12 @@ def nonfinite_copies(source: SourceCheckpoint, plan: Plan) -> dict[str, int]:
     return counts
 
 
-def copied_file_digests(source: SourceCheckpoint, plan: Plan) -> dict[str, str]:
+def copied_file_digests(source: Source, plan: Plan) -> dict[str, str]:
     """sha256 of each source file the package copies (configs, tokenizer: small files)."""
     return {name: sha256_hex(Path(os.path.realpath(source.root / name)).read_bytes()) for name in plan.copied_files}
 
 
-def write_plan_files(source: SourceCheckpoint, plan: Plan, staging: Path) -> list[str]:
+def write_plan_files(source: Source, plan: Plan, staging: Path) -> list[str]:
     """The package's files other than shards and provenance; returns their names."""
     written = [DESCRIPTION_NAME]
     dump_json(staging / DESCRIPTION_NAME, plan.description())
@@ -94,13 +95,13 @@ def write_plan_files(source: SourceCheckpoint, plan: Plan, staging: Path) -> lis
 
 
 def write_package_files(
-    source: SourceCheckpoint, plan: Plan, staging: Path, provenance: ProvenanceRecord, digests: dict[str, str]
+    source: Source, plan: Plan, staging: Path, provenance: ProvenanceRecord, digests: dict[str, str]
 ) -> None:
     write_plan_files(source, plan, staging)
     dump_json(staging / PROVENANCE_NAME, provenance.document(digests))
 
 
-def provenance_record(source: SourceCheckpoint, plan: Plan, kernel: str) -> ProvenanceRecord:
+def provenance_record(source: Source, plan: Plan, kernel: str) -> ProvenanceRecord:
     """What the package's provenance says besides the shard checksums."""
     _, location = find_quantization_config(source.config)
     files = tuple(
@@ -109,7 +110,7 @@ def provenance_record(source: SourceCheckpoint, plan: Plan, kernel: str) -> Prov
     return ProvenanceRecord(
         tool="ascendconv",
         version=__version__,
-        source=SourceRecord(source.root.name, location, tuple(source.quant.block), files),
+        source=SourceRecord(source.root.name, source.format, location, source.params, files),
         scheme=plan.scheme,
         scale_rule=plan.scale_rule,
         resolve_dtype=plan.resolve_dtype,

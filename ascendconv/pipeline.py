@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
 from ascendconv.ascendv1 import QUANT_TYPES
-from ascendconv.errors import BadOptionError, NaNCodeError, NonFiniteValueError
+from ascendconv.errors import BadOptionError
 from ascendconv.io.safetensors import TensorEntry
 from ascendconv.io.writer import ShardWriter
-from ascendconv.io.source import Fp8Linear, SourceCheckpoint
+from ascendconv.sources import Source, SourceLinear
+from ascendconv.sources.rows import entry_points, linear_rows
 from ascendconv.options import KERNELS, Notice
 from ascendconv.plan import OutputKind, OutputTensor, Plan
 
@@ -36,7 +37,7 @@ Progress = Callable[[int, int], None]  # (source bytes done, source bytes total)
 
 
 class Kernel:
-    """The three operations convert needs on source rows, from one implementation."""
+    """One implementation of the row operations (numba, or the numpy reference: same bytes)."""
 
     def __init__(self, name: str):
         if name == "reference":
@@ -46,19 +47,22 @@ class Kernel:
         else:
             raise BadOptionError(f"unknown kernel {name!r}", f"choose one of {', '.join(KERNELS)}")
         self.name = name
-        self.requantize_rows = impl.requantize_rows
-        self.resolve_rows_bf16 = impl.resolve_rows_bf16
-        self.first_nan_code = impl.first_nan_code
+        self.impl = impl
 
-    def prepare(self, plan: Plan, block: tuple[int, int], notice: Notice | None) -> None:
+    def rows(self, source: Source, linear: SourceLinear):
+        """The row operations of one source linear, whatever its format (sources/rows.py)."""
+        return linear_rows(self.impl, source, linear)
+
+    def prepare(self, plan: Plan, source: Source, notice: Notice | None) -> None:
         """Compile (first run on a machine) or load the numba kernels the plan needs, before any
         thread starts; the first time, say so through `notice`, then say how long it took."""
         if self.name != "numba":
             return
-        from ascendconv.kernels import compile_entry_points, entry_points_for
+        from ascendconv.kernels import compile_entry_points
 
         kinds = {t.kind for t in plan.tensors}
-        compile_entry_points(entry_points_for(OutputKind.MX_WEIGHT in kinds, OutputKind.RESOLVE in kinds, block), notice)
+        needed = entry_points(source.linears.values(), OutputKind.MX_WEIGHT in kinds, OutputKind.RESOLVE in kinds)
+        compile_entry_points(needed, notice)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +136,7 @@ class BufferPool:
 
 
 def write_shards(
-    source: SourceCheckpoint,
+    source: Source,
     plan: Plan,
     kernel: Kernel,
     staging: Path,
@@ -145,6 +149,9 @@ def write_shards(
     checksum. `on_closed(file, checksum)` is called as each shard is finished."""
     pools = {"out": BufferPool(2 * CHUNK_ELEMENTS[kernel.name])}
     items = list(work_items(source, plan, kernel, pools, shards))
+    # every file the run reads, scales included (they are read as their linear's rows come up)
+    scales = [linear.scale.path for linear in source.linears.values() if linear.scale is not None]
+    source.reader.hold([item.entry.path for item in items] + scales)
     total = sum(item.count for item in items)
     done = 0
     prefetched: queue.Queue = queue.Queue(maxsize=PREFETCH_ITEMS)
@@ -300,7 +307,7 @@ class PackageShardWriter:
 
 
 def work_items(
-    source: SourceCheckpoint,
+    source: Source,
     plan: Plan,
     kernel: Kernel,
     pools: dict[str, BufferPool] | None = None,
@@ -340,19 +347,18 @@ def _bias_op(name: str, dtype: str):
 
 
 def _linear_items(
-    source: SourceCheckpoint,
+    source: Source,
     plan: Plan,
     kernel: Kernel,
     tensor: OutputTensor,
-    linear: Fp8Linear,
+    linear: SourceLinear,
     chunk_elements: int,
     pools: dict[str, BufferPool] | None = None,
 ) -> Iterator[WorkItem]:
     import numpy as np
 
     n, k = linear.shape
-    scale = source.read_scale(linear)
-    block = source.quant.block
+    rows_of = kernel.rows(source, linear)
     rows_per_chunk = max(1, chunk_elements // max(k, 1))
     quant_type = QUANT_TYPES[tensor.quant_type]
     fmt = quant_type.element  # None for a weight resolved to BF16 (FLOAT)
@@ -360,42 +366,19 @@ def _linear_items(
     out_row_bytes = 2 * k if tensor.kind is OutputKind.RESOLVE else k // quant_type.k_per_byte
     scale_name = linear.prefix + ".weight_scale"
 
-    def check_nan(codes: np.ndarray, row_start: int) -> None:
-        nan_at = kernel.first_nan_code(codes)
-        if nan_at is not None:
-            raise NaNCodeError(
-                f"{linear.weight.path.name}: {linear.weight.name!r} holds a NaN code "
-                f"(0x{codes[nan_at]:02X}) at row {row_start + nan_at[0]}, column {nan_at[1]}"
-            )
-
     for row_start in range(0, n, rows_per_chunk):
         rows = min(rows_per_chunk, n - row_start)
 
         def compute(data, row_start=row_start, rows=rows) -> list[tuple]:
-            codes = np.frombuffer(data, np.uint8).reshape(rows, k)
             # the numba kernels write into recycled buffers (`out`); the reference allocates
             out = {} if pools is None or kernel.name != "numba" else {"out": pools["out"].take(rows * out_row_bytes)}
             if tensor.kind is OutputKind.RESOLVE:
-                check_nan(codes, row_start)
                 if out:
                     out["out"] = out["out"].view(np.uint16).reshape(rows, k)
-                return [WriteTensor(tensor.name, kernel.resolve_rows_bf16(codes, scale, block, row_start, **out))]
+                return [WriteTensor(tensor.name, rows_of.to_bf16(data, row_start, rows, **out))]
             if out:
                 out["out"] = out["out"].reshape(rows, -1)
-            try:
-                payload, scales = kernel.requantize_rows(
-                    codes, scale, block, row_start, plan.resolve_dtype, fmt, plan.scale_rule, **out
-                )
-            except ValueError as exc:
-                # Both kernels refuse non-finite input, NaN codes included, so the codes need no
-                # scan of their own on the way in: name the first NaN code if that was the cause,
-                # else the overflow of code x tile scale.
-                check_nan(codes, row_start)
-                raise NonFiniteValueError(
-                    f"{linear.weight.path.name}: {linear.weight.name!r} rows {row_start}..{row_start + rows - 1} "
-                    f"resolve to NaN/Inf with their tile scales from {linear.scale.name!r} ({exc})"
-                ) from exc
+            payload, scales = rows_of.quantize(data, row_start, rows, fmt, plan.scale_rule, plan.resolve_dtype, **out)
             return [WriteTensor(tensor.name, payload), CollectScales(scale_name, scales, row_start + rows == n)]
 
-        yield WorkItem(linear.weight, row_start * k, rows * k, compute)
-
+        yield WorkItem(linear.weight, row_start * rows_of.row_bytes, rows * rows_of.row_bytes, compute)

@@ -36,7 +36,7 @@ from ascendconv.gcpause import gc_paused
 from ascendconv.formats.constants import FLOAT, RESOLVE_DTYPES
 from ascendconv.io.safetensors import TensorEntry
 from ascendconv.io.writer import TensorSpec
-from ascendconv.io.source import Fp8Linear, SourceCheckpoint
+from ascendconv.sources import Source, SourceLinear
 from ascendconv.models import ModelRules, rules_for
 
 
@@ -99,7 +99,7 @@ class Plan:
     skipped_files: dict[str, str] = field(default_factory=dict)  # source file -> why it is not copied
     rules: ModelRules = GENERIC_RULES
     deployment: Deployment = Deployment()
-    facts: dict[str, ModuleFacts] = field(default_factory=dict)  # per FP8 linear, as decided with
+    facts: dict[str, ModuleFacts] = field(default_factory=dict)  # per source linear, as decided with
 
     @property
     def warnings(self) -> list[str]:
@@ -182,12 +182,12 @@ class Plan:
         }
 
 
-def source_layout(tensors: dict[str, TensorEntry], linears: dict[str, Fp8Linear]) -> list[tuple]:
+def source_layout(tensors: dict[str, TensorEntry], linears: dict[str, SourceLinear]) -> list[tuple]:
     """The source tensors a package is made from, in source order, as (name, entry, prefix of the
     linear whose FP8 weight it is, prefix of the linear whose bias it is). Scales are left out: an
     MX weight's scale is made with it."""
     by_weight = {linear.weight.name: linear for linear in linears.values()}
-    scales = {linear.scale.name for linear in linears.values()}
+    scales = {linear.scale.name for linear in linears.values() if linear.scale is not None}
     bias_of = {linear.bias.name: linear.prefix for linear in linears.values() if linear.bias}
     layout = []
     for name, entry in tensors.items():
@@ -200,11 +200,12 @@ def source_layout(tensors: dict[str, TensorEntry], linears: dict[str, Fp8Linear]
 
 def output_tensors(
     tensors: dict[str, TensorEntry],
-    linears: dict[str, Fp8Linear],
+    linears: dict[str, SourceLinear],
     decisions: dict[str, ModuleDecision],
     layout: list | None = None,
 ) -> list[OutputTensor]:
     """Every package tensor, in source order so that reading the source stays sequential."""
+    copied = {prefix: linear.copied_when_float for prefix, linear in linears.items()}
     out: list[OutputTensor] = []
     add = out.append
     for name, entry, prefix, bias_of in layout if layout is not None else source_layout(tensors, linears):
@@ -216,6 +217,9 @@ def output_tensors(
             continue
         written = decisions[prefix].written
         n, k = entry.shape
+        if written == FLOAT and copied.get(prefix):
+            add(OutputTensor(name, entry.dtype, entry.shape, FLOAT, OutputKind.COPY, name, entry.nbytes))
+            continue
         if written == FLOAT:
             add(OutputTensor(name, "BF16", (n, k), FLOAT, OutputKind.RESOLVE, name, 2 * n * k))
             continue
@@ -272,7 +276,7 @@ def files_to_copy(names: list[str]) -> tuple[list[str], dict[str, str]]:
 
 
 class Planner:
-    """Plans for one source and deployment. The model's rules are applied to every FP8 linear once;
+    """Plans for one source and deployment. The model's rules are applied to every source linear once;
     each `plan()` (inspect makes one per scheme) then only decides types, tensors and shards.
 
     `config` is the source's config.json: its model_type selects the rules in models.py.
@@ -282,7 +286,7 @@ class Planner:
     def __init__(
         self,
         tensors: dict[str, TensorEntry],
-        linears: dict[str, Fp8Linear],
+        linears: dict[str, SourceLinear],
         source_files: list[str],
         bytes_in: int,
         config: dict | None = None,
@@ -301,7 +305,7 @@ class Planner:
         self.layout = source_layout(tensors, linears)
 
     @classmethod
-    def for_source(cls, source: SourceCheckpoint, deployment: Deployment) -> Planner:
+    def for_source(cls, source: Source, deployment: Deployment) -> Planner:
         """The planner of an opened source checkpoint (its headers, config and the files beside it)."""
         companions, unsafe = source.companion_files()
         return cls(
@@ -348,7 +352,7 @@ class Planner:
 
 def make_plan(
     tensors: dict[str, TensorEntry],
-    linears: dict[str, Fp8Linear],
+    linears: dict[str, SourceLinear],
     source_files: list[str],
     bytes_in: int,
     scheme: str = "w8a8-mxfp8",

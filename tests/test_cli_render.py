@@ -51,7 +51,7 @@ def test_convert_dry_run_shows_whole_modules_fallbacks_shards_and_totals(tmp_pat
     lines = ok("convert", DENSE, tmp_path / "out", "--dry-run", "--scheme", "w4a8-mxfp", "--kernel", "reference")
     plan = convert(DENSE, tmp_path / "lib", ConvertOptions(scheme="w4a8-mxfp"), dry_run=True).plan
     assert lines[0] == "plan (dry run, nothing written)"
-    modules = table_rows(lines, "FP8 linears, by module (layer and expert numbers as *)")
+    modules = table_rows(lines, "source linears, by module (layer and expert numbers as *)")
     assert [row[0] for row in modules] == list(plan.module_groups())
     assert any(len(line) > 60 for line in lines)  # nothing was cut to the 60 columns COLUMNS claims
     assert len(plan.fallbacks) == 1  # model.layers.1.mlp.down_proj: K=160 is no multiple of 64

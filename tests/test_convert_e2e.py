@@ -15,7 +15,7 @@ from ascendconv.formats import elements, mx, resolve
 from ascendconv.formats.constants import E2M1, E4M3
 from ascendconv.formats.metrics import error_stats
 from ascendconv.io.safetensors import TensorReader, read_header
-from ascendconv.io.source import SourceCheckpoint
+from ascendconv.sources import Source
 from conftest import FIXTURE_NAMES, FIXTURES, RULES, SCHEMES, file_digest
 
 # Relative L2 error bounds against the resolved source, per written type (the measured values on
@@ -60,13 +60,13 @@ def check_package(fixture: str, out: Path, rule: str) -> dict[str, float]:
     config = json.loads((out / "config.json").read_text())
     assert "quantization_config" not in config and "quantization_config" not in config.get("text_config", {})
 
-    source = SourceCheckpoint.open(FIXTURES / fixture)
+    source = Source.open(FIXTURES / fixture)
     errors = {}
     try:
         for prefix, linear in source.linears.items():
             kind = description[linear.weight.name]
             codes = source.reader.read(linear.weight)
-            resolved = resolve.resolve_tiles(codes, source.read_scale(linear), source.quant.block, "bf16")
+            resolved = resolve.resolve_tiles(codes, source.read_scale(linear), linear.block, "bf16")
             weight = tensors[linear.weight.name]
             n, k = linear.shape
             if kind == "FLOAT":

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from ascendconv.cli import app
 from ascendconv.inspect import inspect_path
-from ascendconv.io.source import SourceCheckpoint
+from ascendconv.sources import Source
 from ascendconv.models import INDEXER_WK_REASON, KV_B_REASON, MTP_REASON
 from ascendconv.decide import SCHEMES, Deployment
 from ascendconv.plan import Planner
@@ -89,7 +89,7 @@ def planner(family_root):
         if name not in sources:
             sources.clear()  # one family at a time: tests use them in turn
             planners.clear()
-            sources[name] = SourceCheckpoint.open(family_root(name))
+            sources[name] = Source.open(family_root(name))
         key = (name, deployment)
         if key not in planners:
             planners[key] = Planner.for_source(sources[name], deployment)

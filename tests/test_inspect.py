@@ -28,12 +28,13 @@ from ascendconv.errors import (
     ScaleShapeError,
     TruncatedFileError,
     UnrecognizedCheckpointError,
+    UnsupportedSourceError,
 )
 from ascendconv.inspect import KIND_PACKAGE, KIND_PLAIN, KIND_SOURCE, inspect_path
 from ascendconv.decide import module_pattern
 from ascendconv.io.safetensors import TensorReader, read_header
 from ascendconv.io.writer import ShardWriter, TensorSpec
-from ascendconv.io.source import SourceCheckpoint
+from ascendconv.sources import Source
 from conftest import FIXTURE_NAMES, FIXTURES, SCHEMES, load_shard, save_shard
 
 runner = CliRunner()
@@ -163,7 +164,7 @@ def test_deepseek_fixture_mla_and_shared_experts():
 @pytest.mark.parametrize("fixture", FIXTURE_NAMES)
 def test_scheme_estimates_are_what_convert_plans(fixture):
     report = inspect_path(FIXTURES / fixture)
-    source = SourceCheckpoint.open(FIXTURES / fixture)
+    source = Source.open(FIXTURES / fixture)
     for scheme in SCHEMES:
         plan = plan_for(source, ConvertOptions(scheme=scheme))
         estimate = report.schemes[scheme]
@@ -180,7 +181,7 @@ def test_nothing_beyond_headers_is_read(monkeypatch, converted):
         raise AssertionError("inspect read tensor data")
 
     monkeypatch.setattr(TensorReader, "read_bytes", refuse)
-    monkeypatch.setattr(SourceCheckpoint, "read_scale", refuse)
+    monkeypatch.setattr(Source, "read_scale", refuse)
     for root in [*(FIXTURES / f for f in FIXTURE_NAMES), package]:
         assert inspect_path(root, tensors="*").tensors
 
@@ -287,19 +288,32 @@ PLAIN = {
 }
 
 
-def test_plain_float_checkpoint(tmp_path):
+def test_plain_float_checkpoint_is_a_float_source(tmp_path):
+    """A BF16 / F16 checkpoint with linear projections converts (sources/plain.py): inspect reports it
+    as a source of format "float", with what each scheme writes."""
     root = write_checkpoint(tmp_path / "plain", PLAIN, {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]})
     report = inspect_path(root, tensors="*layernorm*")
-    assert report.kind == KIND_PLAIN and report.quantization is None and report.schemes is None
+    assert report.kind == KIND_SOURCE and report.quantization["format"] == "float"
+    assert report.quantization["fmt"] == "BF16/F16" and report.fp8_linears == 2
     assert {d: c.tensors for d, c in report.by_dtype.items()} == {"BF16": 2, "F16": 1, "F32": 2}
-    assert {t: c.tensors for t, c in report.by_quant_type.items()} == {"FLOAT": 5}
-    assert report.layers == 2 and report.fp8_linears == 0
-    groups = {g.pattern: g for g in report.groups}
-    assert groups["model.layers.*.self_attn.q_proj"].dtypes == {"BF16": 1, "F16": 1}
+    assert report.schemes["w8a8-mxfp8"].modules["W8A8_MXFP8"] == 2
+    assert report.layers == 2
     assert [t.name for t in report.tensors] == [
         "model.layers.0.input_layernorm.weight",
         "model.layers.1.input_layernorm.weight",
     ]
+    result = invoke(root)
+    assert result.exit_code == 0 and "plain float (BF16 / F16 / F32)" in result.stdout
+
+
+def test_plain_float_checkpoint_without_linears(tmp_path):
+    tensors = {n: e for n, e in PLAIN.items() if "q_proj" not in n}
+    root = write_checkpoint(tmp_path / "plain", tensors, {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]})
+    report = inspect_path(root, tensors="*layernorm*")
+    assert report.kind == KIND_PLAIN and report.quantization is None and report.schemes is None
+    assert {d: c.tensors for d, c in report.by_dtype.items()} == {"BF16": 1, "F32": 2}
+    assert {t: c.tensors for t, c in report.by_quant_type.items()} == {"FLOAT": 3}
+    assert report.layers == 2 and report.fp8_linears == 0
     result = invoke(root)
     assert result.exit_code == 0 and "not quantized" in result.stdout and "not possible" in result.stdout
 
@@ -326,7 +340,7 @@ def test_plain_float_checkpoint(tmp_path):
         ),
         (
             lambda d: write_checkpoint(d, PLAIN, {"quantization_config": {"quant_method": "gptq"}}),
-            NotBlockFP8Error,
+            UnsupportedSourceError,
             ["quant_method is 'gptq'"],
         ),
         (

@@ -7,7 +7,7 @@ import pytest
 
 from ascendconv.errors import BadOptionError
 from ascendconv.io.safetensors import TensorEntry, tensor_nbytes
-from ascendconv.io.source import pair_fp8_linears
+from ascendconv.sources.hf_fp8_block import pair_fp8_linears
 from ascendconv.decide import Override, packed_group
 from ascendconv.options import parse_size
 from ascendconv.plan import assign_shards, files_to_copy, make_plan

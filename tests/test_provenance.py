@@ -14,8 +14,9 @@ RECORD = ProvenanceRecord(
     version="9.8.7",
     source=SourceRecord(
         name="Kimi-K2",
+        format="hf-fp8-block",
         quantization_config="text_config.quantization_config",
-        weight_block_size=(128, 64),
+        params={"weight_block_size": [128, 64]},
         files=(SourceFileRecord("a.safetensors", 1234, "ab" * 32), SourceFileRecord("b.safetensors", 0, "cd" * 32)),
     ),
     scheme="w4a8-mxfp-moe",
@@ -41,14 +42,16 @@ def test_every_written_field_reads_back(tmp_path):
         assert getattr(read, field.name) == base[field.name], field.name
     assert read.source == {
         "name": "Kimi-K2",
+        "format": "hf-fp8-block",
         "quantization_config": "text_config.quantization_config",
-        "weight_block_size": [128, 64],
+        "params": {"weight_block_size": [128, 64]},
         "files": [
             {"name": "a.safetensors", "size": 1234, "fingerprint": "ab" * 32},
             {"name": "b.safetensors", "size": 0, "fingerprint": "cd" * 32},
         ],
     }
     assert read.source_name == "Kimi-K2" and read.source_files == base["source"]["files"]
+    assert read.source_format == "hf-fp8-block"
     assert read.source_nonfinite == {"model.embed_tokens.weight": 3}
     assert {name: read.digest(name) for name in DIGESTS} == DIGESTS
     assert read.digest("quant_model_weights-00003-of-00002.safetensors") is None
@@ -62,8 +65,8 @@ def test_the_file_keeps_its_key_order_and_layout(tmp_path):
     dump_json(tmp_path / "p.json", one_file.document({"s2": "22", "s1": "11"}))
     assert (tmp_path / "p.json").read_text(encoding="utf-8") == (
         '{\n  "tool": "ascendconv",\n  "version": "9.8.7",\n  "source": {\n    "name": "Kimi-K2",\n'
-        '    "quantization_config": "text_config.quantization_config",\n    "weight_block_size": [\n      128,\n'
-        '      64\n    ],\n    "files": [\n      {\n        "name": "a.safetensors",\n        "size": 1234,\n'
+        '    "format": "hf-fp8-block",\n    "quantization_config": "text_config.quantization_config",\n'
+        '    "params": {\n      "weight_block_size": [\n        128,\n        64\n      ]\n    },\n    "files": [\n      {\n        "name": "a.safetensors",\n        "size": 1234,\n'
         f'        "fingerprint": "{"ab" * 32}"\n      }}\n    ]\n  }},\n  "scheme": "w4a8-mxfp-moe",\n'
         '  "scale_rule": "floor",\n  "resolve_dtype": "fp16",\n  "kernel": "reference",\n  "fallbacks": [],\n'
         '  "source_nonfinite": {},\n  "checksum": "blake3",\n  "shards": {\n    "s1": {\n      "blake3": "11"\n'
@@ -76,3 +79,11 @@ def test_a_part_manifests_copy_gives_the_same_document():
     kept = json.loads(json.dumps(RECORD.base()))
     assert provenance_document(kept, DIGESTS) == RECORD.document(DIGESTS)
     assert list(RECORD.document(DIGESTS)) == [f.name for f in dataclasses.fields(ProvenanceRecord)] + ["shards"]
+
+
+def test_a_package_written_before_source_formats_reads_as_block_fp8():
+    """0.3's provenance records no format (it read only HF block FP8) and a top-level weight_block_size."""
+    old = {"tool": "ascendconv", "source": {"name": "m", "quantization_config": "quantization_config",
+                                            "weight_block_size": [128, 128], "files": []}}
+    assert Provenance(old).source_format == "hf-fp8-block"
+    assert Provenance({**old, "source": {**old["source"], "format": ["x"]}}).source_format is None

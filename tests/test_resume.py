@@ -20,7 +20,7 @@ from ascendconv.errors import ResumeMismatchError
 from ascendconv.io.outdir import STAGING_TAG
 from ascendconv.io.checksum import CHECKSUM, file_digest
 from ascendconv.io.writer import ShardWriter, TensorSpec
-from ascendconv.io.source import SourceCheckpoint
+from ascendconv.sources import Source
 from ascendconv.resume import LEDGER_NAME
 from conftest import write_large_checkpoint
 
@@ -152,7 +152,7 @@ def test_progress_of_a_resumed_run_counts_only_the_remaining_bytes(large, fast_g
     assert finished
     totals = []
     result = convert(src, out, options, lambda done, total: totals.append((done, total)))
-    source = SourceCheckpoint.open(src)
+    source = Source.open(src)
     try:
         plan = plan_for(source, options)
         remaining = sum(

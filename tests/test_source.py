@@ -8,12 +8,13 @@ import pytest
 
 from ascendconv.errors import ConfigError, IndexMismatchError, NotBlockFP8Error, NotCachedError, NotFoundError
 from ascendconv.io.hfcache import resolve_source
-from ascendconv.io.source import SourceCheckpoint, parse_block_fp8_config
+from ascendconv.sources import Source
+from ascendconv.sources.hf_fp8_block import parse_block_fp8_config
 from conftest import FIXTURES
 
 
 def test_dense_fixture_has_bf16_scales_and_one_file():
-    source = SourceCheckpoint.open(FIXTURES / "qwen3-dense-fp8")
+    source = Source.open(FIXTURES / "qwen3-dense-fp8")
     assert [h.path.name for h in source.headers] == ["model.safetensors"]
     assert source.quant.block == (128, 128) and source.quant.location == "quantization_config"
     assert {linear.scale.dtype for linear in source.linears.values()} == {"BF16"}
@@ -23,7 +24,7 @@ def test_dense_fixture_has_bf16_scales_and_one_file():
 
 
 def test_moe_fixture_pairs_a_weight_with_a_scale_in_another_shard():
-    source = SourceCheckpoint.open(FIXTURES / "qwen3-moe-fp8")
+    source = Source.open(FIXTURES / "qwen3-moe-fp8")
     assert len(source.headers) == 3
     split = [l for l in source.linears.values() if l.weight.path != l.scale.path]
     assert split, "the fixture must hold a weight whose scale is in another shard"
@@ -34,7 +35,7 @@ def test_moe_fixture_pairs_a_weight_with_a_scale_in_another_shard():
 
 
 def test_deepseek_fixture_ragged_mla_projection_and_power_of_two_scales():
-    source = SourceCheckpoint.open(FIXTURES / "deepseek-v3-fp8")
+    source = Source.open(FIXTURES / "deepseek-v3-fp8")
     kv_a = source.linears["model.layers.0.self_attn.kv_a_proj_with_mqa"]
     assert kv_a.shape == (576, 128) and kv_a.scale.shape == (5, 1)
     assert source.quant.scale_fmt == "ue8m0"
@@ -77,7 +78,7 @@ def test_minimax_fmt_spelling_opens_and_the_tensor_dtype_decides(fixture_copy):
     config = json.loads((src / "config.json").read_text())
     config["quantization_config"]["fmt"] = "float8_e4m3fn"
     (src / "config.json").write_text(json.dumps(config))
-    source = SourceCheckpoint.open(src)
+    source = Source.open(src)
     assert source.quant.fmt == "float8_e4m3fn" and source.linears
     assert all(linear.weight.dtype == "F8_E4M3" for linear in source.linears.values())
 
@@ -91,11 +92,11 @@ def test_index_that_disagrees_with_the_shards(fixture_copy):
     index["weight_map"][name] = other
     index_path.write_text(json.dumps(index))
     with pytest.raises(IndexMismatchError, match=f"{name}.*mapped to '{other}'"):
-        SourceCheckpoint.open(src)
+        Source.open(src)
     del index["weight_map"][name]
     index_path.write_text(json.dumps(index))
     with pytest.raises(IndexMismatchError, match="missing from the index"):
-        SourceCheckpoint.open(src)
+        Source.open(src)
 
 
 def test_hf_cache_resolution(tmp_path, monkeypatch):

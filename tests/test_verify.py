@@ -21,7 +21,7 @@ from ascendconv.npu import reference as gmm_situ
 from ascendconv.npu.reference import GmmSituInputs
 from ascendconv.formats.constants import E2M1, E4M3
 from ascendconv.io.safetensors import TensorReader, read_header
-from ascendconv.io.source import SourceCheckpoint
+from ascendconv.sources import Source
 from ascendconv.errors import NpuUnavailableError, TruncatedFileError
 from ascendconv.verify import VerifyOptions, verify
 from ascendconv.verify import accuracy as verify_accuracy, checks as verify_checks
@@ -108,7 +108,7 @@ def test_clean_package_passes_everything(converted, fixture, scheme):
     assert report.ok, [(c.name, c.problems) for c in report.failed]
     names = [c.name for c in report.checks]
     assert names == [*STRUCTURAL, "source", "accuracy", "exact", "moe"]
-    source = SourceCheckpoint.open(FIXTURES / fixture)
+    source = Source.open(FIXTURES / fixture)
     assert {t.name for t in report.tensors} == {l.weight.name for l in source.linears.values()}
     source.close()
     sqnr = [t.sqnr_db for t in report.tensors]
@@ -729,7 +729,7 @@ def test_moe_check_matches_float64(converted, scheme):
     options = VerifyOptions(source=FIXTURES / MOE, moe_check=True, moe_layers=0)
     report = verify(pkg, options)
     assert report.ok and len(report.moe) == 2
-    source = SourceCheckpoint.open(FIXTURES / MOE)
+    source = Source.open(FIXTURES / MOE)
     headers = read_header(pkg / SHARD).tensors
     quant_type = "W4A8_MXFP" if scheme == "w4a8-mxfp" else "W8A8_MXFP8"
     with TensorReader() as reader:

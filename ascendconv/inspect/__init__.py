@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 
 from ascendconv.ascendv1 import DESCRIPTION_NAME
-from ascendconv.errors import PackageError, UnrecognizedCheckpointError
+from ascendconv.errors import NoQuantizableLinearError, PackageError, UnrecognizedCheckpointError
 from ascendconv.gcpause import gc_paused
 from ascendconv.inspect.package import inspect_package
 from ascendconv.inspect.plain import inspect_plain
@@ -33,7 +33,7 @@ from ascendconv.inspect.report import (
 from ascendconv.inspect.source import inspect_source
 from ascendconv.io.hfcache import resolve_source
 from ascendconv.io.package import is_package
-from ascendconv.io.source import find_quantization_config, load_config
+from ascendconv.sources.checkpoint import find_quantization_config, load_config
 from ascendconv.decide import Deployment
 
 
@@ -61,9 +61,12 @@ def inspect_path(
         )
     config, config_path = load_config(root)
     quant, _ = find_quantization_config(config)
-    if quant is not None:
+    try:
         return inspect_source(root, tensors, deployment or Deployment())
-    return inspect_plain(root, config, config_path, tensors)
+    except NoQuantizableLinearError:  # a float checkpoint with nothing to convert: a summary
+        if quant is not None:
+            raise
+        return inspect_plain(root, config, config_path, tensors)
 
 
 __all__ = [

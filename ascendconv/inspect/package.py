@@ -13,7 +13,8 @@ from ascendconv.inspect.report import KIND_PACKAGE, InspectReport, ShardInfo
 from ascendconv.inspect.summary import _groups, _model_summary, _module_weights, _rows, _structure, _tally
 from ascendconv.io.files import file_size
 from ascendconv.io.package import Package
-from ascendconv.io.source import WEIGHT_SUFFIX, find_quantization_config
+from ascendconv.sources.base import WEIGHT_SUFFIX
+from ascendconv.sources.checkpoint import find_quantization_config
 from ascendconv.models import rules_for
 
 

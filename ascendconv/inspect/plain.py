@@ -9,8 +9,8 @@ from ascendconv.formats.constants import FLOAT
 from ascendconv.inspect.report import KIND_PLAIN, InspectReport, ShardInfo
 from ascendconv.inspect.summary import _groups, _model_summary, _module_weights, _rows, _structure, _tally
 from ascendconv.io.safetensors import read_header
-from ascendconv.io.source import INDEX_NAME as SOURCE_INDEX_NAME
-from ascendconv.io.source import discover_shards, merge_headers
+from ascendconv.sources.checkpoint import INDEX_NAME as SOURCE_INDEX_NAME
+from ascendconv.sources.checkpoint import discover_shards, merge_headers
 from ascendconv.models import rules_for
 
 PLAIN_DTYPES = ("BF16", "F16", "F32", "F64")  # a float checkpoint holds these (and maybe integers)

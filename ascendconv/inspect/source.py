@@ -20,17 +20,16 @@ from ascendconv.inspect.summary import (
     _tally,
     natural_key,
 )
-from ascendconv.io.source import INDEX_NAME as SOURCE_INDEX_NAME
-from ascendconv.io.source import SourceCheckpoint, find_quantization_config
+from ascendconv.sources import open_source
+from ascendconv.sources.checkpoint import INDEX_NAME as SOURCE_INDEX_NAME
 from ascendconv.models import rules_for
 from ascendconv.decide import SCHEMES, Deployment, module_pattern
 from ascendconv.plan import Plan, Planner
 
 
 def inspect_source(root: Path, glob: str | None, deployment: Deployment) -> InspectReport:
-    source = SourceCheckpoint.open(root)  # named errors for every header-level problem
+    source = open_source(root)  # named errors for every header-level problem
     try:
-        quant = source.quant
         scale_names = source.scale_names
         fp8_names = {linear.weight.name for linear in source.linears.values()} | scale_names
 
@@ -62,20 +61,13 @@ def inspect_source(root: Path, glob: str | None, deployment: Deployment) -> Insp
         rules = rules_for(source.config)
         structure = _structure(source.tensors, rules)
         index = SOURCE_INDEX_NAME if (root / SOURCE_INDEX_NAME).is_file() else None
-        quant_config, _ = find_quantization_config(source.config)
         return InspectReport(
             kind=KIND_SOURCE,
             path=root,
             model=_model_summary(source.config),
             quantization={
-                "location": quant.location,
-                "quant_method": quant_config.get("quant_method"),
-                "weight_block_size": list(quant.block),
-                "activation_scheme": quant.activation_scheme,
-                "fmt": quant.fmt,
-                "scale_fmt": quant.scale_fmt,
-                "scale_dtypes": _count(linear.scale.dtype for linear in source.linears.values()),
-                "modules_to_not_convert": list(quant.modules_to_not_convert),
+                **source.quantization,
+                "scale_dtypes": _count(lin.scale.dtype for lin in source.linears.values() if lin.scale is not None),
             },
             package=None,
             shards=[ShardInfo(h.path.name, len(h.tensors), h.file_size) for h in source.headers],

@@ -12,7 +12,7 @@ from ascendconv.ascendv1 import RANK
 from ascendconv.formats.constants import FLOAT
 from ascendconv.inspect.report import CountBytes, ModuleGroup, TensorRow
 from ascendconv.io.safetensors import TensorEntry
-from ascendconv.io.source import WEIGHT_SUFFIX
+from ascendconv.sources.base import WEIGHT_SUFFIX
 from ascendconv.models import ModelRules, expert_count, model_type_of
 from ascendconv.decide import module_pattern
 

@@ -1,6 +1,6 @@
 """Rules on a source's tensors that the package written from it must meet, applied up front.
 
-`SourceCheckpoint.open` applies them, so `convert`, `inspect` and `verify --source` refuse the same
+Every source format applies them (ascendconv/sources/), so `convert`, `inspect` and `verify --source` refuse the same
 sources with the same named errors, before anything is written: a source convert accepts gives a
 package its own `verify` accepts.
 """
@@ -69,10 +69,11 @@ def moe_coverage_problems(names: Iterable[str], config: dict | None, where: str)
 
 def check_source_tensors(root: Path, tensors: dict[str, TensorEntry], linears: dict, config: dict) -> None:
     """Raise a named error for the first source tensor the package could not carry as the loader
-    and `verify` expect. `linears`: module prefix -> Fp8Linear (weight, scale, bias)."""
+    and `verify` expect. `linears`: module prefix -> sources.SourceLinear (weight, scale, bias), as
+    the source's format paired them: a tensor the format did not consume is carried as it is."""
     if not tensors:
         raise UnrecognizedCheckpointError(f"{root}: the weight files hold no tensors", "the checkpoint is empty or damaged")
-    paired = {t.name for linear in linears.values() for t in (linear.weight, linear.scale)}
+    paired = {t.name for linear in linears.values() for t in (linear.weight, linear.scale) if t is not None}
     for name, entry in tensors.items():
         where = f"{entry.path.name}: tensor {shown(name)}"
         if name in DESCRIPTION_FIELDS:
@@ -80,27 +81,28 @@ def check_source_tensors(root: Path, tensors: dict[str, TensorEntry], linears: d
                 f"{where} has the name of a field of quant_model_description.json",
                 "the package cannot describe a tensor of that name; rename it in the checkpoint",
             )
-        if name.endswith(MX_SCALE_SUFFIX):
+        if name.endswith(MX_SCALE_SUFFIX) and name not in paired:
             raise UnsupportedTensorError(
-                f"{where} ends in {MX_SCALE_SUFFIX!r}, the name the package gives MX scales",
-                "a block-FP8 checkpoint keeps its scales in '.weight_scale_inv'; remove or rename the stray tensor",
+                f"{where} ends in {MX_SCALE_SUFFIX!r}, the name the package gives MX scales, but is no scale "
+                "of a quantized linear of this checkpoint's format",
+                "remove or rename the stray tensor, or check that config.json names the checkpoint's format",
             )
         if entry.dtype in FP8_DTYPES and name not in paired:
             raise UnsupportedTensorError(
-                f"{where} is {entry.dtype} but not a block-FP8 weight or scale",
+                f"{where} is {entry.dtype} but not a weight or scale of a quantized linear",
                 "a FLOAT tensor of the package must hold floats the loader can read by value",
             )
     for linear in linears.values():
         if 0 in linear.weight.shape:
             raise UnsupportedTensorError(
-                f"{linear.weight.path.name}: FP8 weight {shown(linear.weight.name)} has shape "
+                f"{linear.weight.path.name}: quantized weight {shown(linear.weight.name)} has shape "
                 f"{list(linear.weight.shape)}: a linear without elements",
                 "no model has one; the checkpoint is damaged or hand-made",
             )
         bias = linear.bias
         if bias is not None and bias.dtype not in FLOAT_DTYPES:
             raise UnsupportedTensorError(
-                f"{bias.path.name}: bias {shown(bias.name)} of an FP8 linear is {bias.dtype}, not a float dtype",
+                f"{bias.path.name}: bias {shown(bias.name)} of a quantized linear is {bias.dtype}, not a float dtype",
                 f"an MX layer's bias is written as F32 from one of {', '.join(FLOAT_DTYPES)}",
             )
     problems = moe_coverage_problems(tensors, config, f"{root}")

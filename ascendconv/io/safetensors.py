@@ -295,6 +295,13 @@ class TensorReader:
                     self._fds[path] = fd
         return fd
 
+    def hold(self, paths) -> None:
+        """Open (and, under `mapped_reads_guarded`, lease) these files now, before anything is read
+        from them: a writer or truncation that comes later is then held back and reported, instead of
+        cutting a file short before its first read."""
+        for path in sorted(set(paths)):
+            self._fd(path)
+
     def read_bytes(self, entry: TensorEntry, start: int = 0, count: int | None = None) -> bytearray:
         """`count` bytes of the tensor's data starting `start` bytes into it."""
         count = entry.nbytes - start if count is None else count

@@ -96,9 +96,9 @@ def _verify(
     pkg = Package.open(package)
     source = None
     if options.source is not None:
-        from ascendconv.io.source import SourceCheckpoint
+        from ascendconv.sources import open_source
 
-        source = SourceCheckpoint.open(options.source)
+        source = open_source(options.source)
     try:
         lay = _Layout(pkg)
         if options.on_npu:

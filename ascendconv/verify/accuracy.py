@@ -20,6 +20,8 @@ from ascendconv.ascendv1 import MX_TYPES, QUANT_TYPES
 from ascendconv.formats.constants import FLOAT, GROUP_SIZE, RESOLVE_DTYPES, SCALE_RULES
 from ascendconv.formats.metrics import ErrorAccumulator, ErrorStats
 from ascendconv.io.safetensors import TensorEntry, TensorReader
+from ascendconv.sources.base import Encoding
+from ascendconv.sources.rows import FloatRows, entry_points
 from ascendconv.verify.checks import STRUCTURAL_HINT, make_check
 from ascendconv.verify.layout import CHUNK_BYTES, FLOAT_DTYPES, _Layout, _Module, _row_chunks
 from ascendconv.verify.rows import _dequantize, _mapped_rows, _read_package_rows
@@ -170,7 +172,7 @@ def _compare_source(
 
     def compare(entry: TensorEntry) -> _Compared:
         linear = by_weight.get(entry.name)
-        if linear is None:
+        if linear is None or (linear.copied_when_float and lay.label(entry.name) == FLOAT):
             return _Compared(source=[p for p in [_compare_plain(lay, reader, source, entry)] if p])
         module = lay.modules.get(linear.prefix)
         why = "not described" if module is None else _module_measurable(lay, module, linear)
@@ -284,15 +286,17 @@ class _Rederive:
         from ascendconv import kernels
 
         self.kernels = kernels
-        # the types the source's FP8 linears were written as (a module unquantized in the source
+        # the types the source's linears were written as (a module unquantized in the source
         # is labeled FLOAT too, but is compared as a copy and needs no kernel)
         kinds = {lay.modules[linear.prefix].label for linear in source.linears.values() if linear.prefix in lay.modules}
-        needed = kernels.entry_points_for(bool(kinds & set(MX_TYPES)) and rule is not None, FLOAT in kinds, source.quant.block)
+        needed = entry_points(source.linears.values(), bool(kinds & set(MX_TYPES)) and rule is not None, FLOAT in kinds)
         if kinds & set(MX_TYPES) and (options.exact == "full" or rule is None):
             needed.append("error")  # the error of every row
         kernels.compile_entry_points(needed, notice)
 
     def linear(self, reader: TensorReader, linear, module: _Module) -> _Compared:
+        if linear.encoding is Encoding.FLOAT:
+            return self.float_linear(reader, linear, module)
         out = _Compared()
         n, k = linear.shape
         name = linear.weight.name
@@ -304,7 +308,7 @@ class _Rederive:
         except OSError as exc:
             out.source.append(str(exc))
             return out
-        block = self.source.quant.block
+        block = linear.block
         w = _Weight(name, module, scale, block, QUANT_TYPES[module.label].element)
         derivable = module.label == FLOAT or self.rule is not None
         bands = _sample_bands(n, block[0], self.fraction, self.options.seed, name) if derivable else []
@@ -339,6 +343,47 @@ class _Rederive:
             for r in sorted(r for r in reference_rows if r0 <= r < r1):
                 out.reference_rows += 1
                 self._reference_row(w, r, src_codes[r - r0 : r - r0 + 1], stored, scales, r0)
+        return self._finish(out, w, acc, n)
+
+    def float_linear(self, reader: TensorReader, linear, module: _Module) -> _Compared:
+        """A linear quantized from float values: every row re-derived with the kernel (when the
+        rule is known) and measured against the values themselves."""
+        out = _Compared()
+        n, k = linear.shape
+        rows_of = FloatRows(self.kernels, self.source, linear)
+        w = _Weight(linear.weight.name, module, None, None, QUANT_TYPES[module.label].element)
+        reference_rows = (
+            set(_sample_rows(n, self.options.exact_rows, self.options.seed, w.name).tolist())
+            if self.options.exact == "sample" and self.rule is not None else set()
+        )
+        acc = ErrorAccumulator()
+        rows_per_chunk = max(1, (CHUNK_BYTES // 4) // max(k, 1))
+        for r0 in range(0, n, rows_per_chunk):
+            r1 = min(n, r0 + rows_per_chunk)
+            values = rows_of.values(_mapped_rows(self.source.reader, linear.weight, r0, r1), r1 - r0)
+            stored, codes, scales = _read_package_rows(reader, module, r0, r1)
+            rows = np.arange(r0, r1)
+            if self.rule is not None:
+                try:
+                    payload, scale_bytes = self.kernels.quantize_rows(values, w.fmt, self.rule)
+                except ValueError:
+                    out.source.append(f"source {w.name!r} holds NaN/Inf in rows {r0}..{r1 - 1}")
+                    return out
+                w.payload_diff.update(stored, payload, rows)
+                w.scale_diff.update(scales, scale_bytes, rows)
+                with self._lock:
+                    self.rows += r1 - r0
+            for r in sorted(r for r in reference_rows if r0 <= r < r1):
+                out.reference_rows += 1
+                payload, scale_bytes = requantize.quantize_rows(values[r - r0 : r - r0 + 1], w.fmt, self.rule)
+                got = np.concatenate([stored[r - r0 : r - r0 + 1], scales[r - r0 : r - r0 + 1]], axis=1)
+                w.reference_diff.update(got, np.concatenate([payload, scale_bytes], axis=1), np.array([r]))
+            acc.update(values, _dequantize(module, codes, scales), codes, w.fmt)
+        return self._finish(out, w, acc, n)
+
+    def _finish(self, out: _Compared, w: "_Weight", acc: ErrorAccumulator, n: int) -> _Compared:
+        """The differences and error of a weight compared in full, as its report."""
+        module, name = w.module, w.name
         with self._lock:
             self.rows_of += n
         out.exact += [m for m in (w.payload_diff.message(), w.scale_diff.message()) if m]

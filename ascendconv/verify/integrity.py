@@ -10,6 +10,7 @@ from ascendconv.formats.constants import E8M0_NAN, RESOLVE_DTYPES, SCALE_RULES
 from ascendconv.io.checksum import ALGORITHMS, file_digest, recorded_checksum
 from ascendconv.io.files import file_size
 from ascendconv.io.safetensors import TensorEntry, TensorReader, itemsize, nonfinite_count
+from ascendconv.sources import FORMAT_NAMES
 from ascendconv.verify.checks import make_check, skip_check
 from ascendconv.verify.layout import FLOAT_DTYPES, _Layout, _row_chunks
 from ascendconv.options import VerifyProgress as Progress, VerifyOptions
@@ -187,6 +188,10 @@ def check_provenance(lay: _Layout) -> Check:
         problems.append(f"{PROVENANCE_NAME}: the source files are not recorded")
     elif not all(isinstance(f, dict) and isinstance(f.get("name"), str) for f in source["files"]):
         problems.append(f"{PROVENANCE_NAME}: a source file is recorded without its name")
+    if isinstance(source, dict) and lay.pkg.record.source_format not in FORMAT_NAMES:
+        problems.append(
+            f"{PROVENANCE_NAME}: the source format is {shown(source.get('format'))}, expected one of {', '.join(FORMAT_NAMES)}"
+        )
     return make_check("provenance", problems, lay.pkg.record.origin())
 
 

@@ -8,13 +8,14 @@ from typing import Iterator
 import numpy as np
 
 from ascendconv.ascendv1 import QUANT_TYPES
-from ascendconv.formats import elements, mx, resolve
+from ascendconv.formats import elements, mx
 from ascendconv.formats.constants import E4M3, W4A8_MXFP
 from ascendconv.formats.metrics import ErrorAccumulator
 from ascendconv.io.rules import moe_layers
 from ascendconv.io.safetensors import TensorReader
 from ascendconv.npu import reference as gmm_situ
 from ascendconv.npu.reference import GmmSituInputs
+from ascendconv.sources.rows import decoded
 from ascendconv.verify.accuracy import _module_measurable
 from ascendconv.verify.checks import STRUCTURAL_HINT, make_check, skip_check
 from ascendconv.verify.layout import _Layout, _Module
@@ -84,9 +85,7 @@ class _Experts:
         return self.reader.read(module.weight), self.reader.read(module.scale)
 
     def source_float(self, e: int, proj: str) -> np.ndarray:
-        linear = self.by_weight[self.names[e][proj]]
-        codes = self.source.reader.read(linear.weight)
-        return resolve.resolve_tiles(codes, self.source.read_scale(linear), self.source.quant.block, "bf16")
+        return decoded(self.source, self.by_weight[self.names[e][proj]])
 
 
 def _layer_problem(
@@ -107,7 +106,7 @@ def _layer_problem(
             if by_weight is not None:
                 linear = by_weight.get(name)
                 if linear is None:
-                    return f"{layer}: {name!r} is not an FP8 linear of the source", ""
+                    return f"{layer}: {name!r} is not a quantized linear of the source", ""
                 why = _module_measurable(lay, module, linear)
                 if why:
                     return f"{layer}: {name!r}: {why}", ""

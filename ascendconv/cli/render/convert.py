@@ -26,7 +26,7 @@ def render_convert(result, out: Console, err: Console) -> None:
     for warning in plan.warnings:
         err.print(Text(f"warning: {warning}", style="yellow"))
     rows = [[pattern, str(sum(types.values())), types_cell(types)] for pattern, types in plan.module_groups().items()]
-    section(out, "FP8 linears, by module (layer and expert numbers as *)")
+    section(out, "source linears, by module (layer and expert numbers as *)")
     print_table(out, ["module", "n", "written as"], rows, right=(1,))
     if result.dry_run:
         section(out, f"shards (limit {human_bytes(plan.max_shard_size) if plan.max_shard_size else 'none'})")

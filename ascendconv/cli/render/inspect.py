@@ -36,10 +36,13 @@ def _render_inspect_summary(report, console: Console) -> None:
         ),
     ]
     quant = report.quantization
-    if quant is not None:
-        bn, bk = quant["weight_block_size"]
+    if quant is not None and quant["quant_method"] is None:  # a plain float source
+        facts.append(("format", f"{quant['label']}: {quant['fmt']} weights, quantized from their values"))
+    elif quant is not None:
+        tiles = quant["weight_block_size"]
         scales = "/".join(quant["scale_dtypes"]) or "no"
-        text = f"{quant['quant_method']} {quant['fmt']}, block {bn}x{bk}, {scales} scales"
+        tiling = f"block {tiles[0]}x{tiles[1]}" if tiles else "tiles " + "/".join(quant.get("strategies", []))
+        text = f"{quant['label']}: {quant['quant_method']} {quant['fmt']}, {tiling}, {scales} scales"
         if quant["scale_fmt"]:
             text += f" ({quant['scale_fmt']})"
         text += f", {quant['activation_scheme']} activations"
@@ -73,7 +76,7 @@ def _render_inspect_summary(report, console: Console) -> None:
     facts.append(("files", f"{plural(len(report.shards), 'shard')}, {human_bytes(report.total_bytes)}, {index}"))
     text = f"{report.tensor_count} ({human_bytes(report.tensor_bytes)} of data)"
     if quant is not None:
-        text += f", {report.fp8_linears} FP8 linears"
+        text += f", {report.fp8_linears} quantizable linears"
     facts.append(("tensors", text))
     text = plural(report.layers, "layer")
     if model["num_hidden_layers"] is not None and model["num_hidden_layers"] != report.layers:
@@ -97,7 +100,7 @@ def _render_inspect_summary(report, console: Console) -> None:
             text += " --shared-experts-as-routed"
         facts.append(("planned for", text))
     if report.kind == KIND_PLAIN:
-        facts.append(("convert", "not possible: no block-FP8 quantization_config"))
+        facts.append(("convert", "not possible: no quantization_config and no linear projection to quantize"))
     label_width = max(cell_len(label) for label, _ in facts)
     grid = Table.grid(padding=(0, 2))
     grid.add_column(no_wrap=True)

@@ -1,0 +1,168 @@
+"""The source seam: what every source format hands the planner, the pipeline and verify.
+
+A format module (one per published checkpoint format) reads its own config keys, pairs its own
+tensors and returns a `Source`: the checkpoint, the quantizable linears as `SourceLinear`s, the
+names of the tensors consumed with them (their scales), and what the provenance records of the
+format. Above this floor nothing asks which format it reads: a linear's `encoding` says how its
+rows decode, and the row operations of that encoding (`sources/rows.py`) do the rest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, ClassVar
+
+from ascendconv.errors import NonFiniteScaleError, ScaleDtypeError, shown
+from ascendconv.io.safetensors import TensorEntry
+from ascendconv.sources.checkpoint import Checkpoint
+
+if TYPE_CHECKING:
+    import numpy as np
+
+
+class Encoding(str, Enum):
+    """How the rows of a source linear's weight decode to values."""
+
+    FP8_TILES = "fp8_tiles"  # E4M3 codes [N, K] times one float multiplier per (bn x bk) tile
+    FLOAT = "float"  # BF16 / F16 / F32 values [N, K], quantized as they are; written FLOAT, copied
+
+
+WEIGHT_SUFFIX = ".weight"
+# Scale tensors of FP8 tiles, as their formats store the multiplier: floats, or E8M0 bytes (2**(b-127)).
+TILE_SCALE_DTYPES = ("F32", "BF16", "F16", "F8_E8M0")
+
+
+@dataclass(frozen=True, slots=True)
+class SourceLinear:
+    """A quantizable [N, K] linear of the source, in any format: the tensor whose rows are streamed
+    (`weight`), the scale tensor consumed with it (None for float values), and its bias."""
+
+    prefix: str
+    weight: TensorEntry
+    scale: TensorEntry | None
+    bias: TensorEntry | None
+    block: tuple[int, int] | None  # (rows of N, columns of K) per scale tile; None without tiles
+    encoding: Encoding = Encoding.FP8_TILES
+
+    @property
+    def copied_when_float(self) -> bool:
+        """Written FLOAT, its bytes are the source's (float values); FP8 tiles are resolved to BF16."""
+        return self.encoding is Encoding.FLOAT
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.weight.shape  # type: ignore[return-value]
+
+
+@dataclass
+class Source:
+    """An opened source checkpoint: its files and headers (`checkpoint`), its format, and its
+    quantizable linears by module prefix. `quant` is the format's parsed configuration, whatever
+    the format needs to keep of config.json."""
+
+    checkpoint: Checkpoint
+    format: str
+    quant: object
+    linears: dict[str, SourceLinear]
+    params: dict = field(default_factory=dict)  # what the provenance records of the format
+    quantization: dict = field(default_factory=dict)  # what inspect shows of it (keys: see inspect/source.py)
+    # The tensors as the package sees them, where the format splits stored ones (fused 3-D experts
+    # into per-expert slices: byte ranges of the stored tensor); else the checkpoint's own.
+    logical_tensors: dict[str, TensorEntry] | None = None
+
+    @classmethod
+    def open(cls, path) -> "Source":
+        from ascendconv.sources import open_source  # the door: detection across every format
+
+        return open_source(path)
+
+    # the checkpoint's files, read by everyone above the seam
+    @property
+    def root(self):
+        return self.checkpoint.root
+
+    @property
+    def config(self) -> dict:
+        return self.checkpoint.config
+
+    @property
+    def config_path(self):
+        return self.checkpoint.config_path
+
+    @property
+    def headers(self):
+        return self.checkpoint.headers
+
+    @property
+    def tensors(self) -> dict[str, TensorEntry]:
+        return self.checkpoint.tensors if self.logical_tensors is None else self.logical_tensors
+
+    @property
+    def reader(self):
+        return self.checkpoint.reader
+
+    @property
+    def total_bytes(self) -> int:
+        return self.checkpoint.total_bytes
+
+    def companion_files(self) -> tuple[list[str], dict[str, str]]:
+        return self.checkpoint.companion_files()
+
+    def close(self) -> None:
+        self.checkpoint.close()
+
+    @property
+    def scale_names(self) -> set[str]:
+        """Tensors consumed with a linear (its scales): the package makes its own from them."""
+        return {linear.scale.name for linear in self.linears.values() if linear.scale is not None}
+
+    def read_scale(self, linear: SourceLinear) -> "np.ndarray":
+        """A linear's tile multipliers as float32, checked finite (an E8M0 byte b is 2**(b-127))."""
+        import numpy as np  # not at import: commands that read only headers never need it
+
+        entry = linear.scale
+        raw = self.reader.read(entry)
+        if entry.dtype == "F8_E8M0":
+            if (raw == 0xFF).any():
+                bad = np.argwhere(raw == 0xFF)[0]
+                raise NonFiniteScaleError(f"{entry.path.name}: {shown(entry.name)} holds the E8M0 NaN byte 0xFF at tile {bad.tolist()}")
+            return np.ldexp(np.float32(1), raw.astype(np.int32) - 127).astype(np.float32).reshape(self.tile_grid(linear))
+        if entry.dtype not in TILE_SCALE_DTYPES:
+            raise ScaleDtypeError(f"{entry.path.name}: {shown(entry.name)} is {entry.dtype}")
+        scale = raw.astype(np.float32).reshape(self.tile_grid(linear))  # a per-tensor scale may be stored as []
+        if not np.isfinite(scale).all():
+            bad = np.argwhere(~np.isfinite(scale))[0]
+            raise NonFiniteScaleError(
+                f"{entry.path.name}: {shown(entry.name)} holds {scale[tuple(bad)]} at tile {bad.tolist()}"
+            )
+        return scale
+
+    @staticmethod
+    def tile_grid(linear: SourceLinear) -> tuple[int, int]:
+        """(tile rows, tile columns) of a linear's scale."""
+        (n, k), (bn, bk) = linear.shape, linear.block
+        return -(-n // bn), -(-k // bk)
+
+
+class SourceFormat:
+    """One published checkpoint format: whether a config.json is in it, and how to open it.
+
+    `accepts` looks at the quantization_config (None when config.json has none) and, where a format
+    shares its quant_method with another, the model_type of config.json; `parse`
+    validates the format's config keys before any shard is read; `open` pairs the format's tensors
+    in the checkpoint's headers, raising named errors for every header-level problem (nothing of
+    tensor data is read)."""
+
+    name: ClassVar[str]
+    label: ClassVar[str]  # for people: "Hugging Face block FP8"
+    quant_method: ClassVar[str | None]  # the quant_method value it answers to (None: no quantization_config)
+
+    def accepts(self, quant: dict | None, config: dict) -> bool:
+        raise NotImplementedError
+
+    def parse(self, config: dict, config_path) -> object:
+        raise NotImplementedError
+
+    def open(self, checkpoint: Checkpoint, quant) -> Source:
+        raise NotImplementedError

@@ -1,0 +1,175 @@
+"""A checkpoint directory as every source format sees it: config.json, the shards and their merged
+headers, and the top-level files beside them. Nothing here knows a quantization format: the format
+modules of this package read their own config keys and pair their own tensors (`open_source`)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ascendconv.errors import (
+    ConfigError,
+    DuplicateTensorError,
+    IndexMismatchError,
+    MissingShardError,
+    NotFoundError,
+    UnrecognizedCheckpointError,
+    UnsupportedSourceError,
+    shown,
+)
+from ascendconv.io.files import is_regular, is_within, read_json
+from ascendconv.io.safetensors import SafetensorsHeader, TensorEntry, TensorReader, read_header
+
+INDEX_NAME = "model.safetensors.index.json"
+
+
+def find_quantization_config(config: dict) -> tuple[dict | None, str]:
+    """config.json's quantization_config and where it sits (top level, or under text_config as
+    vision-language wrappers put it)."""
+    if isinstance(config.get("quantization_config"), dict):
+        return config["quantization_config"], "quantization_config"
+    text = config.get("text_config")
+    if isinstance(text, dict) and isinstance(text.get("quantization_config"), dict):
+        return text["quantization_config"], "text_config.quantization_config"
+    return None, ""
+
+
+def load_config(root: Path) -> tuple[dict, Path]:
+    path = root / "config.json"
+    if not path.is_file():
+        raise UnrecognizedCheckpointError(f"{root}: no config.json")
+    config = read_json(path, ConfigError)
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path}: not a JSON object", "fix or re-download config.json")
+    return config, path
+
+
+def discover_shards(root: Path, index_name: str = INDEX_NAME) -> tuple[list[Path], dict[str, str] | None]:
+    """The weight files of a directory: from its index, a single file, or bare shards.
+
+    Returns the shard paths (sorted) and the index's weight_map when there is an index.
+    """
+    index_path = root / index_name
+    if index_path.is_file():
+        index = read_json(index_path, IndexMismatchError)
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict):
+            raise IndexMismatchError(f"{index_path}: cannot read the index (no weight_map object)")
+        for name, file in weight_map.items():
+            if not isinstance(file, str) or file in ("", ".", "..") or os.path.basename(file) != file:
+                raise IndexMismatchError(
+                    f"{index_path}: tensor {shown(name)} is mapped to {shown(file)}, not to a file name in {root}"
+                )
+        names = sorted(set(weight_map.values()))
+        for name in names:
+            if not is_regular(root / name):
+                users = sorted(t for t, f in weight_map.items() if f == name)
+                found = "is not a regular file" if os.path.exists(root / name) else "is not"
+                raise MissingShardError(
+                    f"{index_path}: shard {shown(name)} is named for {len(users)} tensors "
+                    f"(first: {shown(users[0])}) but {found} in {root}"
+                )
+        return [root / n for n in names], weight_map
+    shards = sorted(p for p in root.glob("*.safetensors") if is_regular(p))
+    return shards, None
+
+
+def merge_headers(
+    headers: list[SafetensorsHeader], weight_map: dict[str, str] | None, index_path: Path
+) -> dict[str, TensorEntry]:
+    """One name -> entry map over all shards; duplicates and index disagreements are errors."""
+    tensors: dict[str, TensorEntry] = {}
+    for header in headers:
+        for name, entry in header.tensors.items():
+            if name in tensors:
+                raise DuplicateTensorError(
+                    f"tensor {shown(name)} is defined twice: in {tensors[name].path.name} and in {header.path.name}"
+                )
+            tensors[name] = entry
+    if weight_map is not None:
+        for name, file in weight_map.items():
+            entry = tensors.get(name)
+            if entry is None:
+                raise IndexMismatchError(f"{index_path}: tensor {shown(name)} is mapped to {shown(file)} but no shard holds it")
+            if entry.path.name != file:
+                raise IndexMismatchError(
+                    f"{index_path}: tensor {shown(name)} is mapped to {shown(file)} but is stored in {shown(entry.path.name)}"
+                )
+        extra = sorted(set(tensors) - set(weight_map))
+        if extra:
+            raise IndexMismatchError(
+                f"{index_path}: tensor {shown(extra[0])} in {tensors[extra[0]].path.name} is missing from the index"
+                + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else "")
+            )
+    return tensors
+
+
+@dataclass
+class Checkpoint:
+    """config.json and every shard header of a directory (never tensor data); tensors in (file,
+    offset) order, so that reading them in this order is sequential."""
+
+    root: Path
+    config: dict
+    config_path: Path
+    headers: list[SafetensorsHeader]
+    tensors: dict[str, TensorEntry]
+    reader: TensorReader = field(default_factory=TensorReader, repr=False)
+
+    @classmethod
+    def open(cls, path: str | os.PathLike) -> "Checkpoint":
+        root = Path(path)
+        if not root.is_dir():
+            raise NotFoundError(f"{root}: no such directory", "pass the checkpoint directory")
+        config, config_path = load_config(root)
+        return cls.with_config(root, config, config_path)
+
+    @classmethod
+    def with_config(cls, root: Path, config: dict, config_path: Path) -> "Checkpoint":
+        """The shards of `root`, whose config has been read (and accepted by a format) already."""
+        shard_paths, weight_map = discover_shards(root)
+        if not shard_paths and any(root.glob("*.gguf")):
+            raise UnsupportedSourceError(
+                f"{root}: holds *.gguf files and no *.safetensors: GGUF is not a supported source",
+                "convert the safetensors release of the model (GGUF's MXFP4 blocks pair elements j and j+16 "
+                "in a byte, which no AscendV1 type stores)",
+            )
+        if not shard_paths:
+            raise UnrecognizedCheckpointError(f"{root}: no *.safetensors files")
+        headers = [read_header(p) for p in shard_paths]
+        tensors = merge_headers(headers, weight_map, root / INDEX_NAME)
+        tensors = dict(sorted(tensors.items(), key=lambda kv: (kv[1].path.name, kv[1].offset)))
+        return cls(root, config, config_path, headers, tensors)
+
+    def companion_files(self) -> tuple[list[str], dict[str, str]]:
+        """Top-level files that may be carried into the package, and the ones that may not, with why.
+
+        Only regular files whose real path stays inside the source directory qualify, or inside the
+        Hugging Face cache's blob store when the source is a cache snapshot (whose files link there):
+        a link to /proc/self/environ or a secret elsewhere must never end up in a package.
+        """
+        real_root = Path(os.path.realpath(self.root))
+        allowed = [real_root]
+        if real_root.parent.name == "snapshots":
+            allowed.append(real_root.parent.parent / "blobs")
+        safe: list[str] = []
+        refused: dict[str, str] = {}
+        for path in sorted(self.root.iterdir()):
+            if not path.is_symlink() and path.is_dir():
+                continue
+            real = Path(os.path.realpath(path))
+            if not any(is_within(real, base) for base in allowed):
+                refused[path.name] = f"links outside the source directory (to {real})"
+            elif not real.is_file():
+                refused[path.name] = "is not a regular file"
+            else:
+                safe.append(path.name)
+        return safe, refused
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(h.file_size for h in self.headers)
+
+    def close(self) -> None:
+        self.reader.close()

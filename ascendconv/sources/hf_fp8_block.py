@@ -1,0 +1,196 @@
+"""Hugging Face block-wise FP8 (DeepSeek-V3, Qwen3-*-FP8, MiniMax-M2, Kimi-K2): `quant_method: fp8`
+with `weight_block_size`; each F8_E4M3 `P.weight` [N, K] has a `P.weight_scale_inv`, F32 or BF16,
+[cdiv(N, bn), cdiv(K, bk)], a multiplier despite its name (docs/sources.md)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from ascendconv.errors import (
+    ConfigError,
+    MissingScaleError,
+    NotBlockFP8Error,
+    OrphanScaleError,
+    ScaleDtypeError,
+    ScaleShapeError,
+    UnsupportedTensorError,
+    shown,
+)
+from ascendconv.io.rules import check_source_tensors
+from ascendconv.io.safetensors import TensorEntry
+from ascendconv.sources.base import WEIGHT_SUFFIX, Source, SourceFormat, SourceLinear
+from ascendconv.sources.checkpoint import Checkpoint, find_quantization_config
+
+SCALE_SUFFIX = ".weight_scale_inv"
+# A per-tensor FP8 weight among block-FP8 ones (Qwen3.8-Flash-Next's n-gram table): one multiplier
+# stored as `P.weight_scale`, a tile of the whole weight.
+PER_TENSOR_SUFFIX = ".weight_scale"
+SCALE_DTYPES = ("F32", "BF16")
+MAX_BLOCK = 2**31 - 1  # tile sides beyond any checkpoint, within the kernels' integer arithmetic
+# How configs name the E4M3 format (DeepSeek: "e4m3"; MiniMax-M2: "float8_e4m3fn", torch's name).
+# The name only has to mean E4M3: each weight's F8_E4M3 dtype is what pair_fp8_linears checks.
+E4M3_SPELLINGS = ("e4m3", "e4m3fn", "float8_e4m3fn", "float8_e4m3", "fp8_e4m3")
+
+
+@dataclass(frozen=True)
+class BlockFP8Config:
+    """`quantization_config` of a block-wise FP8 checkpoint."""
+
+    block: tuple[int, int]  # (rows of N, columns of K) per scale tile
+    activation_scheme: str
+    fmt: str
+    scale_fmt: str | None
+    modules_to_not_convert: tuple[str, ...]
+    location: str  # "quantization_config" or "text_config.quantization_config"
+
+
+def parse_block_tile(block: object, where: str) -> tuple[int, int]:
+    """[bn, bk] of a config, checked: two integers from 1 to MAX_BLOCK."""
+    if not (
+        isinstance(block, list)
+        and len(block) == 2
+        and all(isinstance(b, int) and not isinstance(b, bool) and 0 < b <= MAX_BLOCK for b in block)
+    ):
+        raise ConfigError(f"{where} is {shown(block)}, expected [bn, bk] (integers from 1 to {MAX_BLOCK})")
+    return block[0], block[1]
+
+
+def parse_block_fp8_config(config: dict, config_path: Path) -> BlockFP8Config:
+    """Accept only block-wise FP8 with dynamic activations; name the reason otherwise."""
+    quant, location = find_quantization_config(config)
+    if quant is None:
+        raise NotBlockFP8Error(f"{config_path}: no quantization_config (this is not an FP8 checkpoint)")
+    method = quant.get("quant_method")
+    if method != "fp8":
+        raise NotBlockFP8Error(f"{config_path}: {location}.quant_method is {shown(method)}, expected 'fp8'")
+    block = quant.get("weight_block_size")
+    if block is None:
+        raise NotBlockFP8Error(
+            f"{config_path}: {location} has no weight_block_size (per-tensor FP8 is not block-wise FP8)"
+        )
+    tile = parse_block_tile(block, f"{config_path}: {location}.weight_block_size")
+    scheme = quant.get("activation_scheme", "dynamic")
+    if scheme != "dynamic":
+        raise NotBlockFP8Error(
+            f"{config_path}: {location}.activation_scheme is {shown(scheme)}; only 'dynamic' is supported"
+        )
+    fmt = quant.get("fmt", "e4m3")
+    if not (isinstance(fmt, str) and fmt.lower() in E4M3_SPELLINGS):
+        raise NotBlockFP8Error(
+            f"{config_path}: {location}.fmt is {shown(fmt)}; only E4M3 weights are supported "
+            f"({', '.join(repr(s) for s in E4M3_SPELLINGS)})"
+        )
+    skipped = quant.get("modules_to_not_convert") or quant.get("ignored_layers") or []
+    if not (isinstance(skipped, list) and all(isinstance(m, str) for m in skipped)):
+        raise ConfigError(
+            f"{config_path}: {location}.modules_to_not_convert is {shown(skipped)}, expected a list of module names"
+        )
+    return BlockFP8Config(
+        block=tile,
+        activation_scheme=scheme,
+        fmt=fmt,
+        scale_fmt=quant.get("scale_fmt"),
+        modules_to_not_convert=tuple(skipped),
+        location=location,
+    )
+
+
+def fp8_weight_prefix(name: str, entry: TensorEntry) -> str | None:
+    """The module prefix of an FP8 weight (a 2-D F8_E4M3 `P.weight`), None for a tensor that is not
+    FP8; any other FP8 tensor is refused, in every FP8 spelling."""
+    if entry.dtype not in ("F8_E4M3", "F8_E5M2"):
+        return None
+    if entry.dtype == "F8_E5M2" or not name.endswith(WEIGHT_SUFFIX) or len(entry.shape) != 2:
+        raise UnsupportedTensorError(
+            f"{entry.path.name}: tensor {shown(name)} is {entry.dtype} {list(entry.shape)}; only 2-D "
+            "F8_E4M3 '.weight' tensors are supported",
+            "this checkpoint uses an FP8 layout ascendconv does not know",
+        )
+    return name[: -len(WEIGHT_SUFFIX)]
+
+
+def pair_fp8_linears(
+    tensors: dict[str, TensorEntry],
+    block: tuple[int, int],
+    scale_suffix: str = SCALE_SUFFIX,
+    scale_dtypes: tuple[str, ...] = SCALE_DTYPES,
+    tile_key: str = "weight_block_size",
+) -> dict[str, SourceLinear]:
+    """Pair every F8_E4M3 weight with its tile scale (`P.weight` + `P<scale_suffix>`) and check the
+    scale's dtype and shape. The FP8 spellings differ only in the suffix and the scale dtypes."""
+    linears: dict[str, SourceLinear] = {}
+    for name, entry in tensors.items():
+        if name.endswith(scale_suffix):
+            weight_name = name[: -len(scale_suffix)] + WEIGHT_SUFFIX
+            weight = tensors.get(weight_name)
+            if weight is None or weight.dtype != "F8_E4M3":
+                found = "is missing" if weight is None else f"is {weight.dtype}"
+                raise OrphanScaleError(
+                    f"{entry.path.name}: scale {shown(name)} has no F8_E4M3 weight: {shown(weight_name)} {found}"
+                )
+            continue
+        prefix = fp8_weight_prefix(name, entry)
+        if prefix is None:
+            continue
+        scale = tensors.get(prefix + scale_suffix)
+        per_tensor = tensors.get(prefix + PER_TENSOR_SUFFIX)
+        if scale is None and per_tensor is not None and per_tensor.numel == 1 and len(per_tensor.shape) <= 2:
+            if per_tensor.dtype not in scale_dtypes:
+                raise ScaleDtypeError(
+                    f"{per_tensor.path.name}: {shown(per_tensor.name)} (a per-tensor scale) is {per_tensor.dtype}, "
+                    f"expected one of {', '.join(scale_dtypes)}"
+                )
+            linears[prefix] = SourceLinear(prefix, entry, per_tensor, tensors.get(prefix + ".bias"), entry.shape)
+            continue
+        if scale is None:
+            raise MissingScaleError(
+                f"{entry.path.name}: F8_E4M3 weight {shown(name)} has no {shown(prefix + scale_suffix)} in any shard"
+            )
+        if scale.dtype not in scale_dtypes:
+            raise ScaleDtypeError(
+                f"{scale.path.name}: {shown(scale.name)} is {scale.dtype}, expected one of {', '.join(scale_dtypes)}"
+            )
+        n, k = entry.shape
+        expected = (math.ceil(n / block[0]), math.ceil(k / block[1]))
+        if scale.shape != expected:
+            raise ScaleShapeError(
+                f"{scale.path.name}: {shown(scale.name)} has shape {list(scale.shape)}, expected {list(expected)} "
+                f"for weight {list(entry.shape)} with {tile_key} {list(block)}"
+            )
+        linears[prefix] = SourceLinear(prefix, entry, scale, tensors.get(prefix + ".bias"), block)
+    return linears
+
+
+class HfFp8Block(SourceFormat):
+    name = "hf-fp8-block"
+    label = "Hugging Face block FP8"
+    quant_method = "fp8"
+    model_types: tuple[str, ...] = ()  # every model type but those of a more specific FP8 spelling
+
+    def accepts(self, quant: dict | None, config: dict) -> bool:
+        return quant is not None and quant.get("quant_method") == "fp8"
+
+    def parse(self, config: dict, config_path: Path) -> BlockFP8Config:
+        return parse_block_fp8_config(config, config_path)
+
+    def open(self, checkpoint: Checkpoint, quant: BlockFP8Config) -> Source:
+        linears = pair_fp8_linears(checkpoint.tensors, quant.block)
+        check_source_tensors(checkpoint.root, checkpoint.tensors, linears, checkpoint.config)
+        return self.source(checkpoint, quant, linears)
+
+    def source(self, checkpoint: Checkpoint, quant: BlockFP8Config, linears: dict[str, SourceLinear]) -> Source:
+        quant_config, _ = find_quantization_config(checkpoint.config)
+        shown_config = {
+            "format": self.name,
+            "label": self.label,
+            "location": quant.location,
+            "quant_method": quant_config.get("quant_method") if quant_config else None,
+            "weight_block_size": list(quant.block),
+            "activation_scheme": quant.activation_scheme,
+            "fmt": quant.fmt,
+            "scale_fmt": quant.scale_fmt,
+            "modules_to_not_convert": list(quant.modules_to_not_convert),
+        }
+        return Source(checkpoint, self.name, quant, linears, {"weight_block_size": list(quant.block)}, shown_config)

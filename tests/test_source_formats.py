@@ -1,0 +1,507 @@
+"""Every FP8 spelling behind the source seam: the same weights written as compressed-tensors FP8 or
+DeepSeek-V4's native layout convert to the bytes of the Hugging Face block-FP8 package; per-channel
+and per-tensor tiles match the numpy reference; each malformed variant fails with a named error."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from ascendconv.cli import app
+from ascendconv.convert import ConvertOptions, convert
+from ascendconv.errors import (
+    ConfigError,
+    MissingScaleError,
+    ScaleShapeError,
+    UnsupportedSourceError,
+    UnsupportedTensorError,
+)
+from ascendconv.formats import requantize, resolve
+from ascendconv.formats.constants import E2M1, E4M3
+from ascendconv.inspect import inspect_path
+from ascendconv.sources import open_source
+from ascendconv.verify import VerifyOptions, verify
+from conftest import FIXTURES, as_array, load_shard, save_shard
+
+runner = CliRunner()
+DENSE, MOE, DEEPSEEK = "qwen3-dense-fp8", "qwen3-moe-fp8", "deepseek-v3-fp8"
+
+
+def respell(src: Path, dst: Path, tensor, config) -> Path:
+    """A copy of checkpoint `src` at `dst` whose every tensor is passed through `tensor(name, entry)`
+    (-> {name: entry}, entry = (dtype, shape, bytes)) and whose config.json through `config`."""
+    shutil.copytree(src, dst)
+    renamed: dict[str, str] = {}
+    for shard in sorted(dst.glob("*.safetensors")):
+        out = {}
+        for name, entry in load_shard(shard).items():
+            for new_name, new_entry in tensor(name, entry).items():
+                out[new_name] = new_entry
+                renamed[new_name] = shard.name
+        save_shard(shard, out)
+    index = dst / "model.safetensors.index.json"
+    if index.exists():
+        data = json.loads(index.read_text())
+        data["weight_map"] = dict(sorted(renamed.items()))
+        index.write_text(json.dumps(data))
+    cfg = json.loads((dst / "config.json").read_text())
+    (dst / "config.json").write_text(json.dumps(config(cfg)))
+    return dst
+
+
+def ct_config(block=(128, 128), ignore=(), strategy="block", **weights) -> dict:
+    args = {"num_bits": 8, "type": "float", "strategy": strategy, "symmetric": True, "dynamic": False, **weights}
+    if strategy == "block":
+        args["block_structure"] = list(block)
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "float-quantized",
+        "config_groups": {"group_0": {
+            "targets": ["Linear"],
+            "weights": args,
+            "input_activations": {"num_bits": 8, "type": "float", "strategy": "group", "group_size": 128, "dynamic": True},
+        }},
+        "ignore": list(ignore),
+    }
+
+
+def as_ct(src: Path, dst: Path, **config) -> Path:
+    """`src` as llm-compressor writes FP8-block: `weight_scale` for `weight_scale_inv`, config_groups."""
+    quant = json.loads((src / "config.json").read_text())["quantization_config"]
+    ignore = [*quant.get("modules_to_not_convert", []), "re:.*\\.mlp\\.gate$"]
+
+    def tensor(name, entry):
+        return {name.replace(".weight_scale_inv", ".weight_scale"): entry}
+
+    return respell(src, dst, tensor, lambda c: {**c, "quantization_config": ct_config(ignore=ignore, **config)})
+
+
+def package_bytes(root: Path) -> dict[str, bytes]:
+    """Every file of a package but the provenance (which names the source format)."""
+    return {p.name: p.read_bytes() for p in sorted(root.iterdir()) if p.name != "ascendconv_provenance.json"}
+
+
+@pytest.mark.parametrize("fixture", [DENSE, MOE, DEEPSEEK])
+@pytest.mark.parametrize("scheme", ["w8a8-mxfp8", "w4a8-mxfp-moe"])
+def test_compressed_tensors_fp8_block_gives_the_block_fp8_package(converted, tmp_path, fixture, scheme):
+    src = as_ct(FIXTURES / fixture, tmp_path / "ct")
+    source = open_source(src)
+    assert source.format == "ct-fp8" and set(source.linears) == set(open_source(FIXTURES / fixture).linears)
+    out = tmp_path / "out"
+    convert(src, out, ConvertOptions(scheme=scheme))
+    assert package_bytes(out) == package_bytes(converted(fixture, scheme))
+    provenance = json.loads((out / "ascendconv_provenance.json").read_text())
+    assert provenance["source"]["format"] == "ct-fp8"
+    assert provenance["source"]["params"] == {"strategies": ["block"], "block_structures": [[128, 128]]}
+    report = verify(out, VerifyOptions(source=src))
+    assert report.ok, [c.to_dict() for c in report.checks if not c.ok]
+
+
+def test_inspect_names_the_source_format(tmp_path):
+    src = as_ct(FIXTURES / DENSE, tmp_path / "ct")
+    result = runner.invoke(app, ["inspect", str(src), "--json"])
+    assert result.exit_code == 0, result.output
+    quant = json.loads(result.stdout)["quantization"]
+    assert quant["format"] == "ct-fp8" and quant["quant_method"] == "compressed-tensors"
+    assert quant["weight_block_size"] == [128, 128] and quant["scale_dtypes"] == {"BF16": 14}
+    assert inspect_path(FIXTURES / DENSE).quantization["format"] == "hf-fp8-block"
+
+
+def scaled(data: bytes, shape, dtype, rng) -> bytes:
+    """Random positive multipliers of `shape` in `dtype`."""
+    values = rng.lognormal(-6, 1, shape).astype(np.float32)
+    return values.astype(ml_dtypes.bfloat16 if dtype == "BF16" else np.float32).tobytes()
+
+
+@pytest.mark.parametrize("strategy", ["channel", "tensor"])
+@pytest.mark.parametrize("scheme", ["w8a8-mxfp8", "w4a8-mxfp"])
+def test_per_channel_and_per_tensor_tiles_match_the_reference(tmp_path, strategy, scheme):
+    rng = np.random.default_rng(7)
+    weights = {n: e for n, e in load_shard(FIXTURES / DENSE / "model.safetensors").items() if e[0] == "F8_E4M3"}
+
+    def tensor(name, entry):
+        if not name.endswith(".weight_scale_inv"):
+            return {name: entry}
+        n, k = weights[name.replace("_scale_inv", "")][1]
+        shape = (n, 1) if strategy == "channel" else ()
+        return {name.replace("_scale_inv", "_scale"): ("F32", shape, scaled(entry[2], shape, "F32", rng))}
+
+    src = respell(FIXTURES / DENSE, tmp_path / "ct", tensor, lambda c: {**c, "quantization_config": ct_config(strategy=strategy)})
+    out = tmp_path / "out"
+    convert(src, out, ConvertOptions(scheme=scheme, scale_rule="rceil", max_shard_size=0))
+    package = load_shard(out / "quant_model_weights.safetensors")
+    source = {n: e for shard in src.glob("*.safetensors") for n, e in load_shard(shard).items()}
+    checked = 0
+    for name, (dtype, shape, codes) in weights.items():
+        prefix = name[: -len(".weight")]
+        if package[name][0] == "BF16":
+            continue  # a fallback: K does not fit the type
+        fmt = E4M3 if package[name][0] == "F8_E4M3" else E2M1
+        scale = as_array(source[prefix + ".weight_scale"]).astype(np.float32).reshape(-1, 1)
+        block = (1, shape[1]) if strategy == "channel" else shape
+        payload, scales = requantize.requantize_rows(
+            as_array((dtype, shape, codes)), scale, block, 0, "bf16", fmt, "rceil"
+        )
+        assert package[name][2] == payload.tobytes() and package[prefix + ".weight_scale"][2] == scales.tobytes()
+        checked += 1
+    assert checked >= 10 and (scheme == "w8a8-mxfp8" or any(e[0] == "U8" for n, e in package.items() if n in weights))
+    assert verify(out, VerifyOptions(source=src)).ok
+
+
+def test_a_per_tensor_fp8_weight_in_a_block_fp8_checkpoint(tmp_path):
+    """One FP8 weight with a scalar `weight_scale` among block-FP8 ones (Qwen3.8-Flash-Next's n-gram
+    table): a tile of the whole weight, converted as the reference does."""
+    target = "model.layers.0.mlp.up_proj"
+    rng = np.random.default_rng(3)
+
+    def tensor(name, entry):
+        if name == target + ".weight_scale_inv":
+            return {target + ".weight_scale": ("BF16", (), scaled(entry[2], (), "BF16", rng))}
+        return {name: entry}
+
+    src = respell(FIXTURES / DENSE, tmp_path / "src", tensor, lambda c: c)
+    linear = open_source(src).linears[target]
+    assert linear.block == linear.shape and linear.scale.name == target + ".weight_scale"
+    out = tmp_path / "out"
+    convert(src, out, ConvertOptions(max_shard_size=0))
+    package = load_shard(out / "quant_model_weights.safetensors")
+    source = {n: e for n, e in load_shard(src / "model.safetensors").items()}
+    scale = as_array(source[target + ".weight_scale"]).astype(np.float32).reshape(1, 1)
+    payload, scales = requantize.requantize_rows(as_array(source[target + ".weight"]), scale, linear.shape, 0, "bf16", E4M3, "mse")
+    assert package[target + ".weight"][2] == payload.tobytes()
+    assert package[target + ".weight_scale"][2] == scales.tobytes()
+    assert verify(out, VerifyOptions(source=src)).ok
+
+
+def as_ds_v4(src: Path, dst: Path, scale_dtype: str | None) -> Path:
+    """`src` with model_type deepseek_v4; with `scale_dtype`, scales as `P.scale` in that dtype
+    (F8_E8M0 bytes from power-of-two multipliers), else kept as `P.weight_scale_inv`."""
+
+    def tensor(name, entry):
+        if not name.endswith(".weight_scale_inv") or scale_dtype is None:
+            return {name: entry}
+        values = as_array(entry).astype(np.float32)
+        if scale_dtype == "F8_E8M0":
+            mantissa, exponent = np.frexp(values)
+            assert (mantissa == 0.5).all()
+            data = (exponent - 1 + 127).astype(np.uint8).tobytes()
+        else:
+            data = values.tobytes()
+        return {name.replace(".weight_scale_inv", ".scale"): (scale_dtype, entry[1], data)}
+
+    return respell(src, dst, tensor, lambda c: {**c, "model_type": "deepseek_v4"})
+
+
+@pytest.mark.parametrize("scale_dtype", ["F8_E8M0", "F32"])
+def test_deepseek_v4_native_scales_give_the_block_fp8_package(tmp_path, scale_dtype):
+    hf = as_ds_v4(FIXTURES / DEEPSEEK, tmp_path / "hf", None)
+    native = as_ds_v4(FIXTURES / DEEPSEEK, tmp_path / "native", scale_dtype)
+    source = open_source(native)
+    assert source.format == open_source(hf).format == "deepseek-v4-fp8"
+    assert {linear.scale.dtype for linear in source.linears.values()} == {scale_dtype}
+    packages = {}
+    for name, src in (("hf", hf), ("native", native)):
+        packages[name] = tmp_path / f"out-{name}"
+        convert(src, packages[name], ConvertOptions(scheme="w4a8-mxfp-moe"))
+    assert package_bytes(packages["native"]) == package_bytes(packages["hf"])
+    assert verify(packages["native"], VerifyOptions(source=native)).ok
+
+
+def test_deepseek_v4_with_mxfp4_experts_is_refused_as_served_natively(tmp_path):
+    src = as_ds_v4(FIXTURES / DEEPSEEK, tmp_path / "v4", "F8_E8M0")
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "expert_dtype": "fp4"}))
+    with pytest.raises(UnsupportedSourceError, match="MXFP4") as caught:
+        open_source(src)
+    assert "no conversion is needed" in caught.value.hint
+    result = runner.invoke(app, ["convert", str(src), str(tmp_path / "out")])
+    assert result.exit_code == 3 and "MXFP4" in result.stderr and not (tmp_path / "out").exists()
+
+
+def test_deepseek_v4_mxfp4_expert_tensors_are_refused_without_the_config_key(tmp_path):
+    expert = "model.layers.1.mlp.experts.0.gate_proj"
+
+    def tensor(name, entry):
+        if name == expert + ".weight":
+            n, k = entry[1]
+            return {name: ("I8", (n, k // 2), entry[2][: n * k // 2])}
+        if name == expert + ".scale":
+            return {name: ("F8_E8M0", (64, 4), bytes([127]) * 256)}
+        return {name: entry}
+
+    src = respell(as_ds_v4(FIXTURES / DEEPSEEK, tmp_path / "v4", "F8_E8M0"), tmp_path / "flash", tensor, lambda c: c)
+    with pytest.raises(UnsupportedSourceError, match=r"is I8 \[64, 64\] .*MXFP4 routed experts") as caught:
+        open_source(src)
+    assert "no conversion is needed" in caught.value.hint
+
+
+def e8m0_nan(name, entry):
+    if name == "model.layers.0.self_attn.q_a_proj.scale":
+        return {name: (entry[0], entry[1], b"\xff" + entry[2][1:])}
+    return {name: entry}
+
+
+def test_an_e8m0_nan_scale_is_a_named_error(tmp_path):
+    src = as_ds_v4(FIXTURES / DEEPSEEK, tmp_path / "v4", "F8_E8M0")
+    bad = respell(src, tmp_path / "bad", e8m0_nan, lambda c: c)
+    result = runner.invoke(app, ["convert", str(bad), str(tmp_path / "out")])
+    assert result.exit_code == 3 and "0xFF" in result.stderr and "q_a_proj.scale" in result.stderr
+
+
+def edit_quant(**changes):
+    def edit(config):
+        quant = config["quantization_config"]
+        group = quant["config_groups"]["group_0"]
+        for key, value in changes.items():
+            if key.startswith("weights."):
+                group["weights"][key.split(".", 1)[1]] = value
+            elif key == "activations.dynamic":
+                group["input_activations"]["dynamic"] = value
+            else:
+                quant[key] = value
+        return config
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    "edit,error,words",
+    [
+        (edit_quant(format="nvfp4-pack-quantized"), UnsupportedSourceError, ["nvfp4-pack-quantized", "NVFP4"]),
+        (edit_quant(format="pack-quantized"), UnsupportedSourceError, ["pack-quantized", "integer"]),
+        (edit_quant(**{"weights.strategy": "tensor_group"}), UnsupportedSourceError, ["strategy is 'tensor_group'"]),
+        (edit_quant(**{"weights.num_bits": 4}), UnsupportedSourceError, ["with 4 bits"]),
+        (edit_quant(**{"weights.block_structure": [128]}), ConfigError, ["block_structure"]),
+        (edit_quant(ignore=["lm_head", "re:model.layers.([0-9"]), ConfigError, ["is not a regular expression"]),
+        (edit_quant(ignore="lm_head"), ConfigError, ["ignore"]),
+        (edit_quant(config_groups={}), ConfigError, ["config_groups"]),
+        (edit_quant(**{"activations.dynamic": False}), UnsupportedSourceError, ["static activation"]),
+    ],
+)
+def test_malformed_compressed_tensors_configs_are_named(tmp_path, edit, error, words):
+    src = as_ct(FIXTURES / DENSE, tmp_path / "ct")
+    (src / "config.json").write_text(json.dumps(edit(json.loads((src / "config.json").read_text()))))
+    with pytest.raises(error) as caught:
+        open_source(src)
+    assert all(w in caught.value.message for w in words), caught.value.message
+    result = runner.invoke(app, ["convert", str(src), str(tmp_path / "out")])
+    assert result.exit_code == 3 and str(src / "config.json") in result.stderr
+
+
+def drop(target):
+    return lambda name, entry: {} if name == target else {name: entry}
+
+
+def reshape_scale(target, shape):
+    return lambda name, entry: {name: (entry[0], shape, entry[2][: 2 * int(np.prod(shape))])} if name == target else {name: entry}
+
+
+@pytest.mark.parametrize(
+    "tensor,error,words",
+    [
+        (drop("model.layers.1.mlp.down_proj.weight_scale"), MissingScaleError, ["down_proj.weight", "no", "weight_scale"]),
+        (reshape_scale("model.layers.1.mlp.down_proj.weight_scale", (2, 1)), ScaleShapeError, ["[2, 1]", "[2, 2]"]),
+    ],
+)
+def test_malformed_compressed_tensors_tensors_are_named(tmp_path, tensor, error, words):
+    ct = as_ct(FIXTURES / DENSE, tmp_path / "ct")
+    src = respell(ct, tmp_path / "bad", tensor, lambda c: c)
+    with pytest.raises(error) as caught:
+        open_source(src)
+    assert all(w in caught.value.message for w in words), caught.value.message
+
+
+def test_a_weight_scale_in_a_block_fp8_checkpoint_is_still_a_stray_name(tmp_path):
+    """Only a format that consumes `weight_scale` may carry one: in HF block FP8 beside a
+    `weight_scale_inv` it would collide with the package's own scale name."""
+    def tensor(name, entry):
+        extra = {name.replace("_scale_inv", "_scale"): entry} if name == "model.layers.0.mlp.up_proj.weight_scale_inv" else {}
+        return {name: entry, **extra}
+
+    src = respell(FIXTURES / DENSE, tmp_path / "src", tensor, lambda c: c)
+    with pytest.raises(UnsupportedTensorError, match="weight_scale"):
+        open_source(src)
+
+
+# --- plain float checkpoints ---------------------------------------------------------------------
+
+
+def as_float(src: Path, dst: Path, dtype: str = "BF16") -> Path:
+    """`src` (block FP8) resolved as vllm-ascend resolves it on load, stored in `dtype`, with no
+    quantization_config: the BF16 master such a release is usually made from."""
+    tensors = {n: e for shard in src.glob("*.safetensors") for n, e in load_shard(shard).items()}
+    block = tuple(json.loads((src / "config.json").read_text())["quantization_config"]["weight_block_size"])
+    numpy_dtype = {"BF16": ml_dtypes.bfloat16, "F16": np.float16, "F32": np.float32}[dtype]
+
+    def tensor(name, entry):
+        if name.endswith(".weight_scale_inv"):
+            return {}
+        if entry[0] != "F8_E4M3":
+            return {name: entry}
+        scale = as_array(tensors[name + "_scale_inv"]).astype(np.float32)
+        values = resolve.resolve_tiles(as_array(entry), scale, block, "bf16")
+        return {name: (dtype, entry[1], values.astype(numpy_dtype).tobytes())}
+
+    return respell(src, dst, tensor, lambda c: {k: v for k, v in c.items() if k != "quantization_config"})
+
+
+@pytest.mark.parametrize("fixture,scheme", [(DENSE, "w4a8-mxfp"), (MOE, "w4a8-mxfp-moe"), (DEEPSEEK, "w8a8-mxfp8")])
+def test_a_bf16_master_quantizes_to_the_bytes_of_its_fp8_release(converted, tmp_path, fixture, scheme):
+    """Quantizing BF16 values is the second half of converting FP8 tiles (resolve to BF16, then MX):
+    every MX weight of the package made from the BF16 master equals the FP8 release's, byte for byte;
+    what is written FLOAT is the master's own bytes."""
+    src = as_float(FIXTURES / fixture, tmp_path / "bf16")
+    source = open_source(src)
+    assert source.format == "float" and source.quantization["fmt"] == "BF16"
+    out = tmp_path / "out"
+    convert(src, out, ConvertOptions(scheme=scheme, max_shard_size=0))
+    from_float = load_shard(out / "quant_model_weights.safetensors")
+    from_fp8 = {n: e for p in converted(fixture, scheme).glob("*.safetensors") for n, e in load_shard(p).items()}
+    description = json.loads((out / "quant_model_description.json").read_text())
+    masters = {n: e for p in src.glob("*.safetensors") for n, e in load_shard(p).items()}
+    same = 0
+    for name, entry in from_float.items():
+        if description.get(name, "FLOAT") != "FLOAT":
+            if name in from_fp8 and from_fp8[name][0] != "BF16":  # (the release left some modules BF16)
+                assert entry == from_fp8[name], name
+                same += 1
+        elif name.endswith(".bias") and entry[0] == "F32":  # an MX layer's bias, cast to F32
+            assert (as_array(entry) == as_array(masters[name]).astype(np.float32)).all()
+        elif name in masters:
+            assert entry == masters[name], name  # copied as it is
+    assert same >= 10
+    report = verify(out, VerifyOptions(source=src, moe_check=fixture == MOE))
+    assert report.ok, [c.to_dict() for c in report.checks if not c.ok]
+
+
+@pytest.mark.parametrize("dtype", ["F16", "F32"])
+@pytest.mark.parametrize("rule", ["floor", "rceil", "mse"])
+def test_f16_and_f32_masters_match_the_reference(tmp_path, dtype, rule):
+    src = as_float(FIXTURES / DENSE, tmp_path / "master", dtype)
+    out = tmp_path / "out"
+    convert(src, out, ConvertOptions(scheme="w4a8-mxfp", scale_rule=rule, max_shard_size=0))
+    package = load_shard(out / "quant_model_weights.safetensors")
+    checked = 0
+    for name, entry in load_shard(src / "model.safetensors").items():
+        if not name.endswith("proj.weight"):
+            continue
+        values = as_array(entry).astype(np.float32)
+        fmt = {"F8_E4M3": E4M3, "U8": E2M1}.get(package[name][0])
+        if fmt is None:
+            assert package[name] == entry  # written FLOAT: the master's bytes
+            continue
+        payload, scales = requantize.quantize_rows(values, fmt, rule)
+        assert package[name][2] == payload.tobytes()
+        assert package[name.replace(".weight", ".weight_scale")][2] == scales.tobytes()
+        checked += 1
+    assert checked == 14
+
+
+def test_a_nan_in_a_float_master_is_a_named_error(tmp_path):
+    target = "model.layers.1.mlp.up_proj.weight"
+
+    def poison(name, entry):
+        if name != target:
+            return {name: entry}
+        values = as_array(entry).copy()
+        values[3, 40] = np.nan
+        return {name: (entry[0], entry[1], values.tobytes())}
+
+    src = respell(as_float(FIXTURES / DENSE, tmp_path / "bf16"), tmp_path / "bad", poison, lambda c: c)
+    result = runner.invoke(app, ["convert", str(src), str(tmp_path / "out")])
+    assert result.exit_code == 3 and target in result.stderr and "NaN/Inf in rows" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_float_checkpoint_with_fp8_tensors_and_no_config_is_refused(tmp_path):
+    src = respell(FIXTURES / DENSE, tmp_path / "src", lambda n, e: {n: e},
+                  lambda c: {k: v for k, v in c.items() if k != "quantization_config"})
+    result = runner.invoke(app, ["convert", str(src), str(tmp_path / "out")])
+    assert result.exit_code == 3 and "holds F8_E4M3 tensors" in result.stderr and "no quantization_config" in result.stderr
+
+
+def fused(src: Path, dst: Path) -> Path:
+    """`src` (a float MoE checkpoint, per-expert tensors) with each layer's experts stored fused, as
+    transformers v5 writes them: `experts.gate_up_proj` [E, 2I, H] and `experts.down_proj` [E, H, I]."""
+    tensors = {n: e for shard in src.glob("*.safetensors") for n, e in load_shard(shard).items()}
+    experts = int(json.loads((src / "config.json").read_text())["num_experts"])
+
+    def tensor(name, entry):
+        if ".experts." not in name:
+            return {name: entry}
+        layer, rest = name.split(".experts.")
+        e, proj = rest.split(".")[:2]
+        if e != "0" or proj == "up_proj":
+            return {}
+        dtype, (rows, cols), _ = entry
+        if proj == "gate_proj":
+            data = b"".join(tensors[f"{layer}.experts.{i}.{p}.weight"][2] for i in range(experts) for p in ("gate_proj", "up_proj"))
+            return {f"{layer}.experts.gate_up_proj": (dtype, (experts, 2 * rows, cols), data)}
+        data = b"".join(tensors[f"{layer}.experts.{i}.down_proj.weight"][2] for i in range(experts))
+        return {f"{layer}.experts.down_proj": (dtype, (experts, rows, cols), data)}
+
+    return respell(src, dst, tensor, lambda c: c)
+
+
+def package_tensors(root: Path) -> dict:
+    return {n: e for p in sorted(root.glob("*.safetensors")) for n, e in load_shard(p).items()}
+
+
+def test_fused_3d_experts_are_split_per_expert(tmp_path):
+    per_expert = as_float(FIXTURES / MOE, tmp_path / "bf16")
+    src = fused(per_expert, tmp_path / "fused")
+    assert any(n.endswith("experts.gate_up_proj") for p in src.glob("*.safetensors") for n in load_shard(p))
+    source = open_source(src)
+    assert source.quantization["fused_experts_split"] == 4  # gate_up and down of 2 MoE layers
+    assert "model.layers.1.mlp.experts.3.up_proj" in source.linears
+    packages = {}
+    for name, path in (("per-expert", per_expert), ("fused", src)):
+        packages[name] = tmp_path / f"out-{name}"
+        convert(path, packages[name], ConvertOptions(scheme="w4a8-mxfp-moe"))
+    assert package_tensors(packages["fused"]) == package_tensors(packages["per-expert"])
+    for name in ("quant_model_description.json", "config.json"):
+        assert (packages["fused"] / name).read_bytes() == (packages["per-expert"] / name).read_bytes()
+    report = verify(packages["fused"], VerifyOptions(source=src, moe_check=True))
+    assert report.ok, [c.to_dict() for c in report.checks if not c.ok]
+
+
+def test_transposed_or_odd_fused_experts_are_refused(tmp_path):
+    src = fused(as_float(FIXTURES / MOE, tmp_path / "bf16"), tmp_path / "fused")
+
+    def transpose(name, entry):
+        if name.endswith("experts.gate_up_proj"):
+            e, rows, cols = entry[1]
+            return {name: (entry[0], (e, cols, rows), entry[2])}
+        return {name: entry}
+
+    bad = respell(src, tmp_path / "transposed", transpose, lambda c: c)
+    with pytest.raises(UnsupportedTensorError, match=r"hidden_size is 128: the layout \[E, out, in\]"):
+        open_source(bad)
+
+
+@pytest.mark.parametrize("recorded", ["gguf", ["hf-fp8-block"], None])
+def test_verify_refuses_a_provenance_with_an_unknown_source_format(converted, tmp_path, recorded):
+    package = tmp_path / "pkg"
+    shutil.copytree(converted(DENSE), package)
+    path = package / "ascendconv_provenance.json"
+    provenance = json.loads(path.read_text())
+    provenance["source"]["format"] = recorded
+    path.write_text(json.dumps(provenance))
+    report = verify(package, VerifyOptions())
+    check = next(c for c in report.checks if c.name == "provenance")
+    assert not check.ok and "the source format is" in " ".join(check.problems)
+
+
+def test_a_gguf_directory_is_refused_by_name(tmp_path):
+    src = tmp_path / "gguf"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps({"model_type": "gpt_oss"}))
+    (src / "model-mxfp4.gguf").write_bytes(b"GGUF" + bytes(60))
+    result = runner.invoke(app, ["convert", str(src), str(tmp_path / "out")])
+    assert result.exit_code == 3 and "GGUF is not a supported source" in result.stderr
