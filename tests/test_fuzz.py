@@ -43,6 +43,9 @@ EXAMPLES = {  # per target: 560 in all, plus 150 of the shape property; 25-50 s 
     "package_header": 40,
     "verify_options": 40,
     "convert_options": 40,
+    "ct_fp8_config": 40,  # the other source formats' configs (tests/test_source_formats.py builds them)
+    "ds_v4_config": 25,
+    "float_config": 25,
 }
 SECONDS_PER_COMMAND = 20  # a generous bound; the commands take a fraction of a second here
 RAN: dict[str, int] = {}  # examples run per target, reported at the end
@@ -271,6 +274,46 @@ def test_fuzz_source_config(mutation):
     with Workspace(MOE) as ws:
         (ws.root / "config.json").write_text(text)
         check_source(ws, "source_config")
+
+
+@pytest.fixture(scope="module")
+def respelled(tmp_path_factory) -> dict[str, Path]:
+    """The MoE fixture in the other source formats: compressed-tensors FP8, DeepSeek-V4 native
+    (E8M0 `.scale`, from the DeepSeek fixture), and its BF16 master."""
+    from test_source_formats import as_ct, as_ds_v4, as_float
+
+    root = tmp_path_factory.mktemp("formats")
+    return {
+        "ct_fp8_config": as_ct(MOE, root / "ct"),
+        "ds_v4_config": as_ds_v4(FIXTURES / "deepseek-v3-fp8", root / "v4", "F8_E8M0"),
+        "float_config": as_float(MOE, root / "bf16"),
+    }
+
+
+def fuzz_format_config(respelled, data, target: str) -> None:
+    base = json.loads((respelled[target] / "config.json").read_text())
+    text, _ = data.draw(mutated(base))
+    with Workspace(respelled[target]) as ws:
+        (ws.root / "config.json").write_text(text)
+        check_source(ws, target)
+
+
+@fuzz_settings("ct_fp8_config")
+@given(data=st.data())
+def test_fuzz_ct_fp8_config(respelled, data):
+    fuzz_format_config(respelled, data, "ct_fp8_config")
+
+
+@fuzz_settings("ds_v4_config")
+@given(data=st.data())
+def test_fuzz_ds_v4_config(respelled, data):
+    fuzz_format_config(respelled, data, "ds_v4_config")
+
+
+@fuzz_settings("float_config")
+@given(data=st.data())
+def test_fuzz_float_config(respelled, data):
+    fuzz_format_config(respelled, data, "float_config")
 
 
 PACKAGE_FILES = (
