@@ -25,6 +25,8 @@
      pages are dropped from the page cache, POSIX_FADV_DONTNEED, before each of the two: how a
      package too large for memory is read);
    - `verify OUT --source SRC`, with `--exact-full`, and with `--sample 0.1`;
+   - `convert` w8a8-mxfp8 of the same checkpoint in other source formats (compressed-tensors FP8-block,
+     and its BF16 master: derived once, cached beside it), each right after `cp -r` of that source;
    - `convert --dry-run`, `inspect SRC`, `ascendconv --help` and `verify` of the package converted
      from the 0.5 MB sample fixture (start-up: wall seconds; the last is what `verify OUT` spends
      besides reading and hashing, and the target on `verify OUT` is on what remains against `cat`).
@@ -69,6 +71,9 @@ SHARD_BYTES = 512 * 2**20
 SIGMA_CODES = 448.0 / 4.6  # a Gaussian tile whose largest |w| (about 4.6 sigma) maps to 448
 SCHEMES = ("w8a8-mxfp8", "w4a8-mxfp")
 TARGET_RATIO = {"w8a8-mxfp8": 1.2, "w4a8-mxfp": 0.9}  # wall, to `cp -r` + sync of the same source
+# The synthetic checkpoint in other source formats (derive_source), converted w8a8-mxfp8: label ->
+# (format, target ratio to `cp -r` + sync of that format's own source)
+FORMAT_ROWS = {"convert ct-fp8 w8a8-mxfp8": ("ct-fp8", 1.2), "convert bf16 w8a8-mxfp8": ("bf16", 1.2)}
 TARGET_RSS = 2**30
 STARTUP_LABEL = "verify OUT, sample (start-up)"
 TARGET_START_S = {"convert --dry-run": 0.35, "inspect SRC": 0.35, "--help": 0.25, STARTUP_LABEL: 0.35}
@@ -223,6 +228,66 @@ def build_checkpoint(root: Path, size_gb: float) -> None:
     os.sync()
     partial.rename(root)
     print(f"  built {total / 1e9:.2f} GB in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+
+
+def derive_source(source: Path, kind: str) -> Path:
+    """The synthetic checkpoint in another source format (once; cached beside it): `ct-fp8`, the
+    same bytes as compressed-tensors FP8-block names them (`weight_scale`, config_groups); `bf16`,
+    its BF16 master (every FP8 weight resolved as vllm-ascend resolves it, no quantization_config,
+    twice the bytes per weight)."""
+    from ascendconv import kernels
+    from ascendconv.io.safetensors import TensorReader, read_header
+
+    target = source.parent / f"{source.name}-{kind}"
+    if target.is_dir():
+        return target
+    print(f"deriving {target} ...", file=sys.stderr)
+    partial = target.parent / (target.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir()
+    weight_map = {}
+    with TensorReader() as reader:
+        for shard in sorted(source.glob("*.safetensors")):
+            entries = sorted(read_header(shard).tensors.values(), key=lambda e: e.offset)
+            by_name = {e.name: e for e in entries}
+            specs, makers = [], []
+            for e in entries:
+                if kind == "ct-fp8":
+                    name = e.name.replace(".weight_scale_inv", ".weight_scale")
+                    specs.append(TensorSpec(name, e.dtype, e.shape))
+                    makers.append((name, lambda e=e: reader.read_bytes(e)))
+                elif e.name.endswith(".weight_scale_inv"):
+                    continue
+                elif e.dtype == "F8_E4M3":
+                    scale = reader.read(by_name[e.name + "_scale_inv"])
+                    specs.append(TensorSpec(e.name, "BF16", e.shape))
+                    makers.append((e.name, lambda e=e, scale=scale: kernels.resolve_rows_bf16(
+                        reader.read(e).view(np.uint8), scale, (BLOCK, BLOCK), 0)))
+                else:
+                    specs.append(TensorSpec(e.name, e.dtype, e.shape))
+                    makers.append((e.name, lambda e=e: reader.read_bytes(e)))
+            writer = ShardWriter(partial / shard.name, specs, {"format": "pt"})
+            for name, make in makers:
+                writer.write(name, make())
+                weight_map[name] = shard.name
+            writer.close()
+    config = json.loads((source / "config.json").read_text())
+    if kind == "ct-fp8":
+        config["quantization_config"] = {
+            "quant_method": "compressed-tensors", "format": "float-quantized",
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+                "num_bits": 8, "type": "float", "strategy": "block", "block_structure": [BLOCK, BLOCK],
+                "symmetric": True, "dynamic": False}}},
+            "ignore": ["lm_head"],
+        }
+    else:
+        del config["quantization_config"]
+    (partial / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    index = {"metadata": {}, "weight_map": dict(sorted(weight_map.items()))}
+    (partial / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    os.sync()
+    partial.rename(target)
+    return target
 
 
 def dir_bytes(path: Path) -> int:
@@ -420,6 +485,12 @@ def main() -> None:
         Command("--help", tool + ["--help"], 0),
         Command(STARTUP_LABEL, tool + ["verify", "--quiet", str(sample)], 0),
     ]
+    for label, (kind, _) in FORMAT_ROWS.items():
+        if not any(skip in label for skip in args.skip):
+            derived = derive_source(source, kind)
+            warm(derived)
+            commands.append(Command(label, tool + ["convert", "--quiet", str(derived), str(out)], dir_bytes(derived),
+                                    ["cp", "-r", str(derived), str(out)], out))
     commands = [c for c in commands if not any(skip in c.label for skip in args.skip)]
     for rep in range(args.reps):
         print(f"repetition {rep + 1} of {args.reps}", file=sys.stderr)
@@ -477,6 +548,11 @@ def main() -> None:
                            row["ratio"] <= TARGET_RATIO[scheme]))
             checks.append((f"convert {scheme}: peak RSS < 1 GiB ({row['peak_rss_mib']:.0f} MiB)",
                            row["peak_rss_mib"] * 2**20 < TARGET_RSS))
+    for label, (_, target) in FORMAT_ROWS.items():
+        row = by_label.get(label)
+        if row:
+            checks.append((f"{label}: <= {target} x cp -r + sync ({row['ratio']:.2f} x)", row["ratio"] <= target))
+            checks.append((f"{label}: peak RSS < 1 GiB ({row['peak_rss_mib']:.0f} MiB)", row["peak_rss_mib"] * 2**20 < TARGET_RSS))
     for label, limit in TARGET_START_S.items():
         if label in by_label:
             checks.append((f"{label}: <= {limit} s ({by_label[label]['median_s']:.2f} s)", by_label[label]["median_s"] <= limit))
