@@ -505,3 +505,39 @@ def test_a_gguf_directory_is_refused_by_name(tmp_path):
     (src / "model-mxfp4.gguf").write_bytes(b"GGUF" + bytes(60))
     result = runner.invoke(app, ["convert", str(src), str(tmp_path / "out")])
     assert result.exit_code == 3 and "GGUF is not a supported source" in result.stderr
+
+
+def test_tile_scales_are_read_chunk_by_chunk(tmp_path, monkeypatch):
+    """A chunk of rows reads only the rows of tile scales it converts, so the scales held follow
+    the pipeline's chunks, whatever the tile size (with [1, 1] tiles the F32 scales are four times
+    the weights; they used to be read whole, every linear's, before anything was written)."""
+    from ascendconv.io.writer import ShardWriter, TensorSpec
+    from ascendconv.pipeline import CHUNK_ELEMENTS
+    from ascendconv.sources.base import Source
+
+    src = tmp_path / "src"
+    src.mkdir()
+    n, k = 4096, 8192
+    rng = np.random.default_rng(5)
+    specs = [TensorSpec("model.layers.0.mlp.down_proj.weight", "F8_E4M3", (n, k)),
+             TensorSpec("model.layers.0.mlp.down_proj.weight_scale_inv", "F32", (n, k // 32))]
+    writer = ShardWriter(src / "model.safetensors", specs)
+    writer.write(specs[0].name, rng.integers(0, 0x7E, n * k, dtype=np.uint8))
+    writer.write(specs[1].name, rng.uniform(1e-3, 1e-2, n * k // 32).astype(np.float32))
+    writer.close()
+    config = {"model_type": "qwen3", "quantization_config": {"quant_method": "fp8", "weight_block_size": [1, 32]}}
+    (src / "config.json").write_text(json.dumps(config))
+    read = []
+    original = Source.read_scale
+
+    def recording(self, linear, tile_rows=None):
+        read.append(tile_rows)
+        return original(self, linear, tile_rows)
+
+    monkeypatch.setattr(Source, "read_scale", recording)
+    convert(src, tmp_path / "out", ConvertOptions(scale_rule="floor"))
+    rows_per_chunk = CHUNK_ELEMENTS["numba"] // k
+    assert sorted(read) == [(r, min(n, r + rows_per_chunk)) for r in range(0, n, rows_per_chunk)]
+    assert len(read) == 2
+    monkeypatch.setattr(Source, "read_scale", original)
+    assert verify(tmp_path / "out", VerifyOptions(source=src)).ok

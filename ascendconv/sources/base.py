@@ -117,24 +117,31 @@ class Source:
         """Tensors consumed with a linear (its scales): the package makes its own from them."""
         return {linear.scale.name for linear in self.linears.values() if linear.scale is not None}
 
-    def read_scale(self, linear: SourceLinear) -> "np.ndarray":
-        """A linear's tile multipliers as float32, checked finite (an E8M0 byte b is 2**(b-127))."""
+    def read_scale(self, linear: SourceLinear, tile_rows: tuple[int, int] | None = None) -> "np.ndarray":
+        """A linear's tile multipliers as float32 [tile rows, tile columns], checked finite (an E8M0
+        byte b is 2**(b-127)); with `tile_rows` (t0, t1), only those rows of tiles, so that
+        converting a chunk of rows never holds more scales than the chunk needs."""
         import numpy as np  # not at import: commands that read only headers never need it
 
         entry = linear.scale
-        raw = self.reader.read(entry)
+        rows, columns = self.tile_grid(linear)
+        t0, t1 = tile_rows or (0, rows)
+        if len(entry.shape) == 2:
+            raw = self.reader.read_rows(entry, t0, t1)
+        else:  # a per-tensor scale, stored as [] or [1]: one tile
+            raw = self.reader.read(entry).reshape(rows, columns)[t0:t1]
         if entry.dtype == "F8_E8M0":
             if (raw == 0xFF).any():
-                bad = np.argwhere(raw == 0xFF)[0]
+                bad = np.argwhere(raw == 0xFF)[0] + (t0, 0)
                 raise NonFiniteScaleError(f"{entry.path.name}: {shown(entry.name)} holds the E8M0 NaN byte 0xFF at tile {bad.tolist()}")
-            return np.ldexp(np.float32(1), raw.astype(np.int32) - 127).astype(np.float32).reshape(self.tile_grid(linear))
+            return np.ldexp(np.float32(1), raw.astype(np.int32) - 127).astype(np.float32)
         if entry.dtype not in TILE_SCALE_DTYPES:
             raise ScaleDtypeError(f"{entry.path.name}: {shown(entry.name)} is {entry.dtype}")
-        scale = raw.astype(np.float32).reshape(self.tile_grid(linear))  # a per-tensor scale may be stored as []
+        scale = raw.astype(np.float32, copy=False)
         if not np.isfinite(scale).all():
             bad = np.argwhere(~np.isfinite(scale))[0]
             raise NonFiniteScaleError(
-                f"{entry.path.name}: {shown(entry.name)} holds {scale[tuple(bad)]} at tile {bad.tolist()}"
+                f"{entry.path.name}: {shown(entry.name)} holds {scale[tuple(bad)]} at tile {(bad + (t0, 0)).tolist()}"
             )
         return scale
 

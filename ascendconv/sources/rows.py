@@ -8,7 +8,6 @@ its FP8 name, so a new encoding is one class here.
 
 from __future__ import annotations
 
-import threading
 from typing import TYPE_CHECKING
 
 from ascendconv.errors import NaNCodeError, NonFiniteValueError
@@ -22,27 +21,19 @@ if TYPE_CHECKING:
 class Fp8TileRows:
     """Rows of an FP8-tile linear (any FP8 spelling: the tile multipliers are float32 once read).
 
-    The tile scales are read on first use and let go once every row has been converted, so that a
-    run holds the scales of the linears in flight only, whatever the tile size."""
+    Each chunk of rows reads the rows of tile scales it needs, and no more: memory follows the
+    pipeline's chunks, whatever the tile size (a [1, 1] tile has as many scales as weights)."""
 
     def __init__(self, impl, source: Source, linear: SourceLinear):
         self.impl, self.source, self.linear = impl, source, linear
         self.row_bytes = linear.shape[1]
-        self._scale: np.ndarray | None = None
-        self._rows_left = linear.shape[0]
-        self._lock = threading.Lock()
 
-    def _take_scale(self) -> "np.ndarray":
-        with self._lock:
-            if self._scale is None:
-                self._scale = self.source.read_scale(self.linear)
-            return self._scale
-
-    def _done(self, rows: int) -> None:
-        with self._lock:
-            self._rows_left -= rows
-            if self._rows_left <= 0:
-                self._scale = None
+    def _scales_for(self, row_start: int, rows: int) -> tuple["np.ndarray", int]:
+        """The tile scales of rows [row_start, row_start + rows), and the first row's offset into
+        them (the row offset the kernels take)."""
+        bn = self.linear.block[0]
+        t0 = row_start // bn
+        return self.source.read_scale(self.linear, (t0, -(-(row_start + rows) // bn))), row_start - t0 * bn
 
     def _check_nan(self, codes: "np.ndarray", row_start: int) -> None:
         nan_at = self.impl.first_nan_code(codes)
@@ -58,9 +49,9 @@ class Fp8TileRows:
         import numpy as np
 
         codes = np.frombuffer(data, np.uint8).reshape(rows, self.row_bytes)
-        scale = self._take_scale()
+        scale, offset = self._scales_for(row_start, rows)
         try:
-            result = self.impl.requantize_rows(codes, scale, self.linear.block, row_start, resolve_dtype, fmt, rule, **out)
+            return self.impl.requantize_rows(codes, scale, self.linear.block, offset, resolve_dtype, fmt, rule, **out)
         except ValueError as exc:
             # Both kernels refuse non-finite input, NaN codes included, so the codes need no scan
             # of their own on the way in: name the first NaN code if that was the cause, else the
@@ -70,8 +61,6 @@ class Fp8TileRows:
                 f"{self.linear.weight.path.name}: {self.linear.weight.name!r} rows {row_start}..{row_start + rows - 1} "
                 f"resolve to NaN/Inf with their tile scales from {self.linear.scale.name!r} ({exc})"
             ) from exc
-        self._done(rows)
-        return result
 
     def to_bf16(self, data, row_start: int, rows: int, **out):
         """BF16 values of rows [row_start, row_start + rows), for a module written FLOAT."""
@@ -79,9 +68,8 @@ class Fp8TileRows:
 
         codes = np.frombuffer(data, np.uint8).reshape(rows, self.row_bytes)
         self._check_nan(codes, row_start)
-        result = self.impl.resolve_rows_bf16(codes, self._take_scale(), self.linear.block, row_start, **out)
-        self._done(rows)
-        return result
+        scale, offset = self._scales_for(row_start, rows)
+        return self.impl.resolve_rows_bf16(codes, scale, self.linear.block, offset, **out)
 
 
 class FloatRows:
