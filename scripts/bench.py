@@ -517,7 +517,7 @@ def main() -> None:
         ratio = f"{row['ratio']:6.2f}" if row["ratio"] is not None else f"{'':6s}"
         base = ""
         if command.baseline:
-            base = f"{'cp -r' if command.baseline is copy else 'cat'} {row['baseline_s']:.2f} s"
+            base = f"{'cp -r' if command.baseline[0] == 'cp' else 'cat'} {row['baseline_s']:.2f} s"
         print(
             f"{row['command']:34s} {row['median_s']:8.2f} {row['cpu_s']:6.2f} {rate} {ratio} {base:>15s} "
             f"{row['peak_rss_mib']:5.0f} MiB"
