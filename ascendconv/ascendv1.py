@@ -12,7 +12,17 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
-from ascendconv.formats.constants import E2M1, E4M3, FLOAT, GROUP_SIZE, W4A8_MXFP, W8A8_MXFP8, ElementFormat
+from ascendconv.formats.constants import (
+    E2M1,
+    E4M3,
+    FLOAT,
+    GROUP_SIZE,
+    W4A4_MXFP4,
+    W4A8_MXFP,
+    W4A16_MXFP4,
+    W8A8_MXFP8,
+    ElementFormat,
+)
 
 # --- files ---------------------------------------------------------------------------------------
 
@@ -66,25 +76,52 @@ def split_description(raw: dict) -> tuple[dict, dict]:
 
 
 @dataclass(frozen=True)
-class QuantType:
-    """One TYPE of the description and what a weight [N, K] of that type is in the package.
+class MoeCheck:
+    """What `verify --moe-check` runs for a MoE layer of one type (contract section 5): the CPU chain
+    the runtime's activations go through. `activation`: what the activations into gate/up and into
+    down_proj are quantized to (None: they stay BF16); `input_round` / `inner_round`: the element
+    rounding of each (contract section 4); `op_reference`: the GroupedMatmulSituQuant reference on
+    the packed experts instead of the float chain."""
 
-    element: the MX element format of the payload (None: FLOAT holds plain values);
+    path: str  # how the report names the chain
+    activation: ElementFormat | None
+    input_round: str = "rint"
+    inner_round: str = "rint"
+    op_reference: bool = False
+
+
+@dataclass(frozen=True)
+class QuantType:
+    """One TYPE of the description: what a weight [N, K] of that type is in the package, where the
+    loader takes it, and how convert falls back from it and verify judges it (contract section 3).
+
+    element / activation: the MX element format of the weights and of the activations at run time
+    (None: FLOAT holds plain values; an A16 type keeps BF16 activations);
     weight_dtype: the payload's safetensors dtype (None: FLOAT keeps the source's dtype, or BF16 for
     a resolved FP8 weight); k_per_byte: payload elements per stored byte along K (2 for packed E2M1);
-    scaled: whether `P.weight_scale` (U8, E8M0, one byte per 32 values along K) comes with it;
-    linear_k / routed_k: what K (per rank) must be a multiple of, for a linear and for a routed expert.
+    scaled: whether `P.weight_scale` (U8, E8M0, one byte per 32 values along K, cdiv(K, 32) columns)
+    comes with it; linear_k / routed_k: what K (per rank) must be a multiple of, for a linear and for
+    a routed expert (None: vllm-ascend has no scheme for the type there); fallback: the next type
+    down the chain convert walks when K does not fit; min_sqnr_db / moe_rel_err: verify's default
+    thresholds (None: exact, for FLOAT); moe_check: the chain `verify --moe-check` runs.
     """
 
     name: str
-    rank: int  # msModelSlim's priority order: model_quant_type is the highest present
+    rank: int  # model_quant_type is the highest present (msModelSlim's order; W4A16_MXFP4's is ours)
     element: ElementFormat | None
+    activation: ElementFormat | None
     weight_dtype: str | None
     k_per_byte: int
     scaled: bool
-    linear_k: int
-    routed_k: int
+    linear_k: int | None
+    routed_k: int | None
+    fallback: str | None
+    min_sqnr_db: float | None
+    moe_rel_err: float
+    moe_check: MoeCheck
     why_paired: str = ""  # why the rule is 2 groups, in words
+    not_for_linears: str = ""  # why a linear cannot take it, when linear_k is None
+    runtime: str = ""  # what vllm-ascend runs with it, in a few words (inspect)
 
     def weight_shape(self, n: int, k: int) -> tuple[int, int]:
         return (n, k // self.k_per_byte)
@@ -92,26 +129,91 @@ class QuantType:
     def scale_shape(self, n: int, k: int) -> tuple[int, int] | None:
         return (n, -(-k // GROUP_SIZE)) if self.scaled else None
 
-    def k_multiple(self, routed: bool) -> int:
+    def k_multiple(self, routed: bool) -> int | None:
         return self.routed_k if routed else self.linear_k
 
     def k_problem(self, k: int, routed: bool, k_label: str | None = None) -> str | None:
         """Why a weight with reduction size K (per rank) cannot take this type, or None if it can."""
         multiple = self.k_multiple(routed)
+        if multiple is None:
+            return f"{self.name} is for routed experts only ({self.not_for_linears})"
         if k % multiple == 0:
             return None
         why = self.why_paired if multiple == self.linear_k else "MoE experts pair scale groups"
         return f"{k_label or f'K={k}'} is not a multiple of {multiple}" + (f" ({why})" if multiple == 2 * GROUP_SIZE else "")
 
+    def chain(self) -> tuple[str, ...]:
+        """This type and every type below it on its fallback chain, ending at FLOAT."""
+        names, at = [self.name], self.fallback
+        while at is not None:
+            names.append(at)
+            at = QUANT_TYPES[at].fallback
+        return tuple(names)
+
+
+# The float chain: activations MXFP8 into gate/up, the SiTU output MXFP8 into down_proj.
+_MXFP8_CHAIN = MoeCheck("float chain", E4M3)
+# Thresholds (docs/verify.md): MXFP8 weights give about 30 dB on real block-FP8 weights (rel. L2
+# 0.03), MXFP4 weights about 19 dB (0.115), whatever the activations.
+_MXFP8_DB, _MXFP4_DB = 25.0, 15.0
 
 QUANT_TYPES: dict[str, QuantType] = {
-    FLOAT: QuantType(FLOAT, 0, None, None, 1, False, 1, 1),
+    FLOAT: QuantType(FLOAT, 0, None, None, None, 1, False, 1, 1, None, None, 0.10, _MXFP8_CHAIN,
+                     runtime="unquantized BF16 matmuls"),
     # The linear loader pads an odd scale-group count, but MoE experts pair groups without padding.
-    W8A8_MXFP8: QuantType(W8A8_MXFP8, 1, E4M3, "F8_E4M3", 1, True, GROUP_SIZE, 2 * GROUP_SIZE),
-    W4A8_MXFP: QuantType(W4A8_MXFP, 2, E2M1, "U8", 2, True, 2 * GROUP_SIZE, 2 * GROUP_SIZE, "W4A8_MXFP pairs scale groups"),
+    W8A8_MXFP8: QuantType(
+        W8A8_MXFP8, 1, E4M3, E4M3, "F8_E4M3", 1, True, GROUP_SIZE, 2 * GROUP_SIZE, FLOAT, _MXFP8_DB, 0.10,
+        _MXFP8_CHAIN, runtime="MXFP8 weights, activations quantized to MXFP8 at run time",
+    ),
+    # Weight-only: byte for byte the W4A8_MXFP experts; its MoE scales are not paired, so K % 32.
+    W4A16_MXFP4: QuantType(
+        W4A16_MXFP4, 2, E2M1, None, "U8", 2, True, None, GROUP_SIZE, W8A8_MXFP8, _MXFP4_DB, 0.30,
+        MoeCheck("float chain, BF16 activations", None),
+        not_for_linears="vllm-ascend registers no W4A16_MXFP4 linear scheme",
+        runtime="MXFP4 weights unpacked and int4-packed at load, BF16 activations; no EPLB",
+    ),
+    W4A8_MXFP: QuantType(
+        W4A8_MXFP, 3, E2M1, E4M3, "U8", 2, True, 2 * GROUP_SIZE, 2 * GROUP_SIZE, W8A8_MXFP8, _MXFP4_DB, 0.30,
+        MoeCheck("gmm_situ reference", E4M3, op_reference=True), "W4A8_MXFP pairs scale groups",
+        runtime="MXFP4 weights (NZ), activations quantized to MXFP8 at run time; no EPLB",
+    ),
+    # The linear loader pads an odd group count (as for W8A8_MXFP8); MoE experts pair groups.
+    # Activations: round_mode "round" into gate/up, the op's default (rint) into down_proj.
+    W4A4_MXFP4: QuantType(
+        W4A4_MXFP4, 4, E2M1, E2M1, "U8", 2, True, GROUP_SIZE, 2 * GROUP_SIZE, W4A8_MXFP, _MXFP4_DB, 0.40,
+        MoeCheck("float chain, MXFP4 activations", E2M1, input_round="round"),
+        runtime="MXFP4 weights (no NZ cast), activations quantized to MXFP4 at run time (round_mode round)",
+    ),
 }
 RANK = {name: t.rank for name, t in QUANT_TYPES.items()}
 MX_TYPES = tuple(name for name, t in QUANT_TYPES.items() if t.scaled)  # the types with E8M0 scales
+
+
+# --- the schemes ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SchemeRow:
+    """One `--scheme`: the type every FP8 linear asks for, and the type routed experts ask for."""
+
+    name: str
+    linear: str
+    expert: str
+    choose: str  # when to choose it, in a few words (README, --help)
+
+    def requested(self, routed: bool) -> str:
+        return self.expert if routed else self.linear
+
+
+SCHEME_ROWS: tuple[SchemeRow, ...] = (
+    SchemeRow("w8a8-mxfp8", W8A8_MXFP8, W8A8_MXFP8, "closest to the source; the largest package"),
+    SchemeRow("w4a8-mxfp", W4A8_MXFP, W4A8_MXFP, "every layer 4-bit: the smallest W4A8 package"),
+    SchemeRow("w4a8-mxfp-moe", W8A8_MXFP8, W4A8_MXFP, "4-bit experts, 8-bit rest: the usual MoE choice"),
+    SchemeRow("w4a16-mxfp4-moe", W8A8_MXFP8, W4A16_MXFP4, "4-bit experts with BF16 activations: W4A8's size, less activation error"),
+    SchemeRow("w4a4-mxfp4", W4A4_MXFP4, W4A4_MXFP4, "4-bit weights and activations everywhere: the data-free W4A4 baseline"),
+    SchemeRow("w4a4-mxfp4-moe", W8A8_MXFP8, W4A4_MXFP4, "W4A4 experts, 8-bit rest"),
+)
+SCHEME_TABLE: dict[str, SchemeRow] = {row.name: row for row in SCHEME_ROWS}
 
 
 def quant_type_named(label: object) -> QuantType | None:

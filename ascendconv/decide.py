@@ -15,24 +15,20 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING
 
-from ascendconv.ascendv1 import QUANT_TYPES, RANK
+from ascendconv.ascendv1 import QUANT_TYPES, RANK, SCHEME_ROWS, SCHEME_TABLE
 from ascendconv.errors import BadOptionError
-from ascendconv.formats.constants import FLOAT, W4A8_MXFP, W8A8_MXFP8
+from ascendconv.formats.constants import FLOAT
 from ascendconv.models import ModelRules, rules_for, tp_role
 
 if TYPE_CHECKING:  # an annotation only: the CLI imports this module and need not load the source reader
     from ascendconv.sources import SourceLinear
 
 
-class Scheme(str, Enum):
-    """What convert writes: W8A8 everywhere, W4A8 everywhere, or W4A8 experts and W8A8 the rest."""
+# The --scheme choices, built from the scheme rows (ascendv1.SCHEME_ROWS): a member per row.
+Scheme = Enum("Scheme", {row.name.upper().replace("-", "_"): row.name for row in SCHEME_ROWS}, type=str)
+Scheme.__doc__ = "What convert writes: one member per row of ascendv1.SCHEME_ROWS."
 
-    W8A8_MXFP8 = "w8a8-mxfp8"
-    W4A8_MXFP = "w4a8-mxfp"
-    W4A8_MXFP_MOE = "w4a8-mxfp-moe"
-
-
-SCHEMES = tuple(scheme.value for scheme in Scheme)
+SCHEMES = tuple(row.name for row in SCHEME_ROWS)
 SCHEME_REASONS = {scheme: f"scheme {scheme}" for scheme in SCHEMES}
 
 
@@ -102,15 +98,16 @@ def requested_type(
     keep the module FLOAT, if they do)."""
     if kept_float:
         wanted, why = FLOAT, kept_float
-    elif scheme == "w8a8-mxfp8":
-        wanted, why = W8A8_MXFP8, SCHEME_REASONS[scheme]
-    elif scheme == "w4a8-mxfp" or routed:
-        wanted, why = W4A8_MXFP, SCHEME_REASONS[scheme]
     else:
-        wanted, why = W8A8_MXFP8, SCHEME_REASONS[scheme]
+        wanted, why = SCHEME_TABLE[scheme].requested(routed), SCHEME_REASONS[scheme]
     for override in overrides:
         if fnmatch.fnmatchcase(prefix, override.glob):
             wanted, why = override.quant_type, f"--override {override.glob}={override.quant_type}"
+    if QUANT_TYPES[wanted].k_multiple(routed) is None:  # only an override asks for that
+        raise BadOptionError(
+            f"{why} would write {prefix} as {wanted}: {QUANT_TYPES[wanted].k_problem(0, routed)}",
+            "narrow the GLOB to routed experts (e.g. '*.mlp.experts.*'), or choose another TYPE",
+        )
     return wanted, why
 
 
@@ -135,16 +132,26 @@ def rank_k(prefix: str, k: int, routed: bool, deployment: Deployment) -> tuple[i
 
 @functools.lru_cache(maxsize=4096)  # few distinct (type, K) pairs in a checkpoint, met thousands of times
 def best_feasible(requested: str, k: int | None, routed: bool, k_label: str | None = None) -> tuple[str, str | None]:
-    """Walk the fallback chain W4A8_MXFP -> W8A8_MXFP8 -> FLOAT down to the first type that fits."""
+    """Walk the requested type's fallback chain (e.g. W4A4_MXFP4 -> W4A8_MXFP -> W8A8_MXFP8 -> FLOAT)
+    down to the first type that fits; the reason is why the requested type did not."""
     if k is None:
         return FLOAT, None if requested == FLOAT else k_label
-    chain = [t for t in (W4A8_MXFP, W8A8_MXFP8, FLOAT) if RANK[t] <= RANK[requested]]
     first_reason = None
-    for quant_type in chain:
+    for quant_type in QUANT_TYPES[requested].chain():
         problem = alignment_problem(quant_type, k, routed, k_label)
         if problem is None:
             return quant_type, first_reason
         first_reason = first_reason or problem
+    raise AssertionError("FLOAT always fits")
+
+
+def common_type(lowest: str, members: list[tuple[int | None, bool, str | None]]) -> str:
+    """The type a group takes: from the lowest type any member fits, down its chain to the first one
+    every member (K per rank, routed, K label) fits. Chains differ in their K rules (W4A16_MXFP4
+    experts need K % 32, W8A8_MXFP8 experts K % 64), so one member's fit is not everyone's."""
+    for quant_type in QUANT_TYPES[lowest].chain():
+        if all(best_feasible(quant_type, k, routed, label)[0] == quant_type for k, routed, label in members):
+            return quant_type
     raise AssertionError("FLOAT always fits")
 
 
@@ -222,8 +229,11 @@ def decide_modules(
             want = requested_type(prefix, scheme, overrides, fact.kept_float, fact.routed)
             wants.append(want)
             fits.append(best_feasible(want[0], fact.k, fact.routed, fact.k_label))
-        group_type = min((fit[0] for fit in fits), key=RANK.__getitem__)
-        at = next(i for i, fit in enumerate(fits) if fit[0] == group_type)
+        lowest = min((fit[0] for fit in fits), key=RANK.__getitem__)
+        group_type = common_type(lowest, [(facts[p].k, facts[p].routed, facts[p].k_label) for p in members])
+        at = next((i for i, fit in enumerate(fits) if fit[0] == group_type), None)
+        if at is None:  # no member fits the group's type on its own: the one that set `lowest` led there
+            at = next(i for i, fit in enumerate(fits) if fit[0] == lowest)
         limiting, limiting_fit, limiting_want = members[at], fits[at], wants[at]
         # vllm-ascend reads a MoE layer's type from its first expert and a fused module's from one
         # member: the whole group takes the lowest type any member needs

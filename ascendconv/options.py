@@ -15,8 +15,8 @@ from enum import Enum
 from typing import Callable
 
 from ascendconv.errors import BadOptionError
-from ascendconv.formats.constants import FLOAT, W4A8_MXFP, W8A8_MXFP8, ResolveDtype, ScaleRule
-from ascendconv.ascendv1 import DEFAULT_MAX_SHARD_SIZE
+from ascendconv.formats.constants import E2M1, E4M3, W4A8_MXFP, W8A8_MXFP8, ResolveDtype, ScaleRule
+from ascendconv.ascendv1 import DEFAULT_MAX_SHARD_SIZE, QUANT_TYPES
 from ascendconv.decide import Deployment, Override, Scheme
 
 
@@ -82,10 +82,11 @@ class RayOptions:
 Notice = Callable[[str], None]  # a one-line message for the user (the CLI prints it on stderr)
 VerifyProgress = Callable[[str, int, int], None]  # (phase, done, total); phases: scan, source, moe, npu
 
-# Defaults of the numerical thresholds (see docs/verify.md for how they were chosen).
-DEFAULT_MIN_SQNR_MXFP8 = 25.0  # dB; real block-FP8 weights give about 30 dB (rel. L2 0.03)
-DEFAULT_MIN_SQNR_MXFP4 = 15.0  # dB; real weights give about 19 dB (rel. L2 0.115)
-DEFAULT_MAX_MOE_REL_ERR = {W4A8_MXFP: 0.30, W8A8_MXFP8: 0.10, FLOAT: 0.10}
+# Defaults of the numerical thresholds: the quant-type table's (see docs/verify.md for how they were
+# chosen). The SQNR options are per weight element format: --min-sqnr-mxfp4 covers every E2M1 type.
+DEFAULT_MIN_SQNR_MXFP8 = QUANT_TYPES[W8A8_MXFP8].min_sqnr_db
+DEFAULT_MIN_SQNR_MXFP4 = QUANT_TYPES[W4A8_MXFP].min_sqnr_db
+DEFAULT_MAX_MOE_REL_ERR = {name: t.moe_rel_err for name, t in QUANT_TYPES.items()}
 DEFAULT_NPU_TOL = 0.05
 MAX_MOE_TOKENS = 8192  # activations of (tokens, hidden) floats per sampled layer stay under a GB
 
@@ -140,7 +141,10 @@ class VerifyOptions:
             raise BadOptionError("--max-moe-rel-err must be > 0")
 
     def min_sqnr(self, quant_type: str) -> float | None:
-        return {W8A8_MXFP8: self.min_sqnr_mxfp8, W4A8_MXFP: self.min_sqnr_mxfp4}.get(quant_type)
+        """The least SQNR of a weight of `quant_type` (None: FLOAT, which must be exact)."""
+        known = QUANT_TYPES.get(quant_type)
+        element = known.element if known else None
+        return {E4M3: self.min_sqnr_mxfp8, E2M1: self.min_sqnr_mxfp4}.get(element)
 
     def moe_limit(self, quant_type: str) -> float:
         return self.max_moe_rel_err if self.max_moe_rel_err is not None else DEFAULT_MAX_MOE_REL_ERR[quant_type]

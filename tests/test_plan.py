@@ -231,10 +231,12 @@ def test_quant_type_table_is_consistent_with_the_element_formats():
     """The one table verify, plan and inspect read: each MX type's payload stores whole elements
     (8 bits: one E4M3 code, or two E2M1 codes per byte), with one E8M0 scale per 32 values of K."""
     from ascendconv.ascendv1 import MX_TYPES, QUANT_TYPES, quant_type_named
-    from ascendconv.formats.constants import E2M1, E4M3, FLOAT, W4A8_MXFP, W8A8_MXFP8
+    from ascendconv.formats.constants import E2M1, E4M3, FLOAT, W4A4_MXFP4, W4A8_MXFP, W4A16_MXFP4, W8A8_MXFP8
 
-    assert MX_TYPES == (W8A8_MXFP8, W4A8_MXFP)
-    assert [QUANT_TYPES[t].element for t in (FLOAT, W8A8_MXFP8, W4A8_MXFP)] == [None, E4M3, E2M1]
+    assert MX_TYPES == (W8A8_MXFP8, W4A16_MXFP4, W4A8_MXFP, W4A4_MXFP4)
+    assert [QUANT_TYPES[t].element for t in (FLOAT, W8A8_MXFP8, W4A8_MXFP, W4A16_MXFP4, W4A4_MXFP4)] == [
+        None, E4M3, E2M1, E2M1, E2M1
+    ]
     for name in MX_TYPES:
         quant_type = QUANT_TYPES[name]
         assert quant_type.element.bits * quant_type.k_per_byte == 8

@@ -735,7 +735,7 @@ def test_moe_check_matches_float64(converted, scheme):
     with TensorReader() as reader:
         for moe in report.moe:
             layer = moe.layer
-            x_codes, x_scales, counts = verify_moe._layer_inputs(layer, 128, 4, options)
+            x_codes, x_scales, _, counts = verify_moe._layer_inputs(layer, 128, 4, options)
             x = gmm_situ.dequantize_activations(x_codes, x_scales).astype(np.float64)
             starts = np.concatenate([[0], np.cumsum(counts)])
             y_src, y_pkg, o_src, o_pkg = [], [], [], []

@@ -82,7 +82,7 @@ def convert(
     ep: Ep = Deployment.ep,
     shared_experts_as_routed: SharedAsRouted = Deployment.shared_experts_as_routed,
 ) -> None:
-    """Convert a block-FP8 checkpoint into an AscendV1 W8A8_MXFP8 / W4A8_MXFP package.
+    """Convert a block-FP8 checkpoint into an AscendV1 MX package (the types per --scheme).
 
     --quiet prints no table; --json prints one object.
     """

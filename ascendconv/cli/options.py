@@ -32,7 +32,7 @@ SharedAsRouted = Annotated[
 ]
 
 SchemeChoice = Annotated[
-    Scheme, typer.Option("--scheme", help="w4a8-mxfp-moe: experts W4A8, the rest W8A8.")
+    Scheme, typer.Option("--scheme", help="Types of linears and routed experts; the README's scheme table says when to choose which.")
 ]
 ScaleRuleChoice = Annotated[ScaleRule, typer.Option("--scale-rule", help="MX shared-exponent rule.")]
 ResolveDtypeChoice = Annotated[

@@ -26,7 +26,7 @@ def verify_command(
         None, "--source", metavar="SRC", help="The block-FP8 checkpoint the package came from: enables the numerical checks."
     ),
     min_sqnr_mxfp8: float = typer.Option(DEFAULTS.min_sqnr_mxfp8, help="Least SQNR (dB) of a W8A8_MXFP8 weight."),
-    min_sqnr_mxfp4: float = typer.Option(DEFAULTS.min_sqnr_mxfp4, help="Least SQNR (dB) of a W4A8_MXFP weight."),
+    min_sqnr_mxfp4: float = typer.Option(DEFAULTS.min_sqnr_mxfp4, help="Least SQNR (dB) of an MXFP4 weight (W4A8_MXFP, W4A16_MXFP4, W4A4_MXFP4)."),
     exact: bool = typer.Option(False, "--exact", help="Re-derive sampled rows of every weight with the numpy reference (needs --source)."),
     exact_full: bool = typer.Option(False, "--exact-full", help="Like --exact, on every row."),
     exact_rows: int = typer.Option(DEFAULTS.exact_rows, help="Rows per weight that --exact re-derives."),

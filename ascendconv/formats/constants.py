@@ -62,7 +62,13 @@ RESOLVE_DTYPES = tuple(d.value for d in ResolveDtype)
 # Quant type strings of quant_model_description.json (contract section 3 table; "W4A8_MXFP", not "...MXFP4").
 W8A8_MXFP8 = "W8A8_MXFP8"
 W4A8_MXFP = "W4A8_MXFP"
+W4A16_MXFP4 = "W4A16_MXFP4"  # routed experts only: vllm-ascend registers no linear scheme for it
+W4A4_MXFP4 = "W4A4_MXFP4"
 FLOAT = "FLOAT"
+
+# Element rounding of an MX quantization (the `round_mode` of Ascend's dynamic MX quantization):
+# "rint" rounds a tie to the even code, "round" away from zero (contract section 4).
+ROUND_MODES = ("rint", "round")
 
 # E2M1 magnitudes; a code is sign << 3 | index into this grid (contract section 3).
 E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)

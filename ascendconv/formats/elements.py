@@ -9,7 +9,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from .constants import E2M1, E2M1_GRID, E4M3, E8M0_BIAS, E8M0_NAN
+from .constants import E2M1, E2M1_GRID, E4M3, E8M0_BIAS, E8M0_NAN, ROUND_MODES
 
 # Dtypes that widen to float32 without rounding.
 _EXACT_IN_FLOAT32 = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
@@ -19,6 +19,8 @@ _E4M3_VALUES = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).asty
 
 # Signed decode table of E2M1: codes 0..7 positive, 8..15 the same magnitudes negated.
 _E2M1_VALUES = np.array(E2M1_GRID + tuple(-v for v in E2M1_GRID), dtype=np.float32)
+# Midpoints between neighbouring E2M1 magnitudes (all exact in float32).
+_E2M1_MIDPOINTS = np.array([(a + b) / 2 for a, b in zip(E2M1_GRID, E2M1_GRID[1:])], dtype=np.float32)
 
 
 def exact_float32(x, what: str = "input") -> np.ndarray:
@@ -57,15 +59,23 @@ def decode_e4m3(codes) -> np.ndarray:
     return _E4M3_VALUES[_as_codes(codes, "E4M3 codes")]
 
 
-def encode_e2m1(y) -> np.ndarray:
-    """float32 -> E2M1 codes 0..15: clamp to +-6, round to nearest-even on the grid, -0.0 -> 8.
+def encode_e2m1(y, round_mode: str = "rint") -> np.ndarray:
+    """float32 -> E2M1 codes 0..15: clamp to +-6, round on the grid, -0.0 -> 8.
 
+    ``round_mode`` "rint" rounds a tie to the even code (the MX rule), "round" away from zero
+    (what Ascend's dynamic MX quantization does to W4A4_MXFP4 activations with round_mode="round").
     Raises ValueError on NaN, which E2M1 cannot represent.
     """
     y = exact_float32(y, "E2M1 encode input")
     if np.isnan(y).any():
         raise ValueError("NaN has no E2M1 code")
     clamped = np.clip(y, np.float32(-E2M1.max_value), np.float32(E2M1.max_value))
+    if round_mode == "round":
+        # a magnitude at or past the midpoint between two grid values takes the larger one
+        index = np.searchsorted(_E2M1_MIDPOINTS, np.abs(clamped), side="right").astype(np.uint8)
+        return np.where(np.signbit(clamped), index | np.uint8(8), index).astype(np.uint8)
+    if round_mode != "rint":
+        raise ValueError(f"round_mode must be one of {ROUND_MODES}, got {round_mode!r}")
     # ml_dtypes >= 0.5.1 rounds float32 -> float4_e2m1fn to nearest-even and keeps the sign
     # (earlier versions lost it); the tests check both against an independent rounding.
     return clamped.astype(ml_dtypes.float4_e2m1fn).view(np.uint8)

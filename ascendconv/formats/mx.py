@@ -23,16 +23,18 @@ import math
 
 import numpy as np
 
-from .constants import E2M1, E4M3, E8M0_BIAS, E8M0_MAX_FINITE, GROUP_SIZE, SCALE_RULES, ElementFormat
+from .constants import E2M1, E4M3, E8M0_BIAS, E8M0_MAX_FINITE, GROUP_SIZE, ROUND_MODES, SCALE_RULES, ElementFormat
 from .elements import decode_e2m1, decode_e4m3, e8m0_to_float, encode_e2m1, encode_e4m3, exact_float32
 
 
-def _codec(fmt: ElementFormat):
-    if fmt == E4M3:
+def _codec(fmt: ElementFormat, round_mode: str = "rint"):
+    if round_mode not in ROUND_MODES:
+        raise ValueError(f"round_mode must be one of {ROUND_MODES}, got {round_mode!r}")
+    if fmt == E4M3 and round_mode == "rint":  # the only E4M3 rounding any writer or runtime here uses
         return encode_e4m3, decode_e4m3
     if fmt == E2M1:
-        return encode_e2m1, decode_e2m1
-    raise ValueError(f"unsupported element format {fmt!r}")
+        return (lambda y: encode_e2m1(y, round_mode)), decode_e2m1
+    raise ValueError(f"unsupported element format {fmt!r} with round_mode {round_mode!r}")
 
 
 def _grouped(values) -> np.ndarray:
@@ -74,9 +76,9 @@ def _rceil_exponents(groups: np.ndarray, fmt: ElementFormat) -> np.ndarray:
     return np.clip(exponent, 0, E8M0_MAX_FINITE).astype(np.int32)
 
 
-def _encode_groups(groups: np.ndarray, exponents: np.ndarray, fmt: ElementFormat) -> np.ndarray:
+def _encode_groups(groups: np.ndarray, exponents: np.ndarray, fmt: ElementFormat, round_mode: str = "rint") -> np.ndarray:
     """Codes of ``groups * 2**(127 - E)`` with the ordinary scale for every ``E`` (including 0)."""
-    encode, _ = _codec(fmt)
+    encode, _ = _codec(fmt, round_mode)
     # 2**(127 - E) is exact in float32 for every E in [0, 254] (2**-127 is a subnormal), and
     # multiplying by it (faster than ldexp, same result) is exact: the products never overflow
     # (E is at least what the largest element needs), and an underflow into float32 subnormals
@@ -136,26 +138,30 @@ def shared_exponents(values, fmt: ElementFormat, rule: str) -> np.ndarray:
     return exponents.astype(np.uint8).reshape(np.shape(values)[:-1] + (groups.shape[1],))
 
 
-def quantize_mx(values, fmt: ElementFormat, rule: str) -> tuple[np.ndarray, np.ndarray]:
+def quantize_mx(values, fmt: ElementFormat, rule: str, round_mode: str = "rint") -> tuple[np.ndarray, np.ndarray]:
     """float32 ``values [..., K]`` -> (codes ``uint8 [..., K]``, scales ``uint8 [..., K // 32]``).
 
-    E2M1 codes are unpacked (0..15, one per byte); see ``elements.pack_fp4``.
-    Raises ValueError when K % 32 != 0 or on NaN/Inf ("non-finite") input.
+    E2M1 codes are unpacked (0..15, one per byte); see ``elements.pack_fp4``. ``round_mode``
+    "round" (ties away from zero, E2M1 only) is the runtime's rounding of W4A4_MXFP4 activations;
+    weights are always written with "rint". Raises ValueError when K % 32 != 0 or on NaN/Inf
+    ("non-finite") input.
     """
     _check_rule(rule)
-    _codec(fmt)
+    _codec(fmt, round_mode)
     groups = _grouped(values)
     if rule == "mse":
+        if round_mode != "rint":
+            raise ValueError("the mse rule is a weight rule: it rounds with rint only")
         exponents, codes = _mse_choice(groups, fmt)
     elif rule == "rceil":
         exponents = _rceil_exponents(groups, fmt)
-        codes = _encode_groups(groups, exponents, fmt)
+        codes = _encode_groups(groups, exponents, fmt, round_mode)
     else:
         exponents = _floor_exponents(groups, fmt)
         codes = np.where(
             (exponents == 0)[..., None],
             _signed_zero_codes(groups, fmt),
-            _encode_groups(groups, exponents, fmt),
+            _encode_groups(groups, exponents, fmt, round_mode),
         )
     shape = np.shape(values)
     return codes.reshape(shape), exponents.astype(np.uint8).reshape(shape[:-1] + (groups.shape[1],))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from ascendconv.ascendv1 import RANK
+from ascendconv.ascendv1 import QUANT_TYPES, RANK
 from ascendconv.formats.constants import FLOAT, W8A8_MXFP8
 from ascendconv.inspect.report import KIND_SOURCE, Fallback, InspectReport, SchemeEstimate, ShardInfo
 from ascendconv.inspect.summary import (
@@ -99,6 +99,10 @@ def runtime_notes(plan: Plan) -> list[str]:
     if moe:
         types = ", ".join(f"{n} {t}" for t, n in sorted(moe.items(), key=lambda kv: -RANK[kv[0]]))
         notes.append(f"MoE layers: {types} (FLOAT experts run the unquantized fused MoE)")
+    written = Counter(d.written for d in plan.decisions.values())
+    for quant_type in sorted(written, key=lambda t: -RANK[t]):
+        if quant_type != FLOAT:
+            notes.append(f"{quant_type} ({written[quant_type]} modules): {QUANT_TYPES[quant_type].runtime}")
     if plan.rules.family.mla:
         # vllm-ascend enables the fused MLA prolog (VLLM_ASCEND_ENABLE_MLAPO) only where the layer's
         # fused_qkv_a_proj (q_a_proj + kv_a_proj_with_mqa) is W8A8 (MXFP8 on Ascend 950); elsewhere it

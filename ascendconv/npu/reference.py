@@ -48,6 +48,7 @@ __all__ = [
     "GmmSituInputs",
     "dequantize_activations",
     "dequantize_expert_weight",
+    "dynamic_mx_quant",
     "grouped_matmul_bf16",
     "situ_bf16",
     "gmm_situ_float",
@@ -314,6 +315,18 @@ def make_activations(rng_seed: int, m: int, k: int) -> tuple[np.ndarray, np.ndar
         )
     x_codes, x_scales = mx.quantize_mx(x_float, constants.E4M3, "floor")
     return x_codes, x_scales, x_float
+
+
+def dynamic_mx_quant(x_float: np.ndarray, fmt: constants.ElementFormat | None, round_mode: str = "rint") -> np.ndarray:
+    """What the runtime's dynamic MX quantization makes of activations, dequantized: float32 rows
+    ``(M, K)`` quantized per 32 values along K with the ``floor`` rule (``scale_alg`` 0) to ``fmt``
+    with ``round_mode`` ("rint" nearest-even, "round" ties away from zero: W4A4_MXFP4's
+    activations), or returned as they are when ``fmt`` is None (BF16 activations of an A16 type)."""
+    x_float = np.asarray(x_float, dtype=np.float32)
+    if fmt is None:
+        return x_float
+    codes, scales = mx.quantize_mx(x_float, fmt, "floor", round_mode)
+    return np.asarray(mx.dequantize_mx(codes, scales, fmt), dtype=np.float32)
 
 
 def pair_scales(scales: np.ndarray) -> np.ndarray:

@@ -7,9 +7,9 @@ from typing import Iterator
 
 import numpy as np
 
-from ascendconv.ascendv1 import QUANT_TYPES
-from ascendconv.formats import elements, mx
-from ascendconv.formats.constants import E4M3, W4A8_MXFP
+from ascendconv.ascendv1 import QUANT_TYPES, MoeCheck
+from ascendconv.formats import elements
+from ascendconv.formats.constants import E4M3, GROUP_SIZE, W4A8_MXFP
 from ascendconv.formats.metrics import ErrorAccumulator
 from ascendconv.io.rules import moe_layers
 from ascendconv.io.safetensors import TensorReader
@@ -48,10 +48,10 @@ def situ_float(x_float: np.ndarray, w13: np.ndarray, beta: float, linear_beta: f
     return gmm_situ.situ_bf16(h, beta, linear_beta)
 
 
-def mx_output(y: np.ndarray) -> np.ndarray:
-    """Stage 3 and back: the op's dynamic MX quantization (floor, E4M3) of ``y``, dequantized."""
-    codes, scales = mx.quantize_mx(y, E4M3, "floor")
-    return mx.dequantize_mx(codes, scales, E4M3)
+def mx_output(y: np.ndarray, check: MoeCheck = QUANT_TYPES[W4A8_MXFP].moe_check) -> np.ndarray:
+    """Stage 3 and back: the runtime's dynamic quantization of the SiTU output ``y`` on its way into
+    down_proj (the op's floor E4M3 for W4A8_MXFP; per type `check.activation`), dequantized."""
+    return gmm_situ.dynamic_mx_quant(y, check.activation, check.inner_round)
 
 
 def down_float(y: np.ndarray, w2: np.ndarray) -> np.ndarray:
@@ -116,7 +116,8 @@ def _layer_problem(
     quant_type = types.pop()
     gate = lay.modules[names[0]["gate_proj"][: -len(".weight")]]
     k, inter = gate.k, gate.n
-    need = QUANT_TYPES[quant_type].linear_k  # the op pairs W4A8_MXFP's scale groups
+    # the op pairs W4A8_MXFP's scale groups; the float chains quantize activations per 32 values
+    need = gmm_situ.PAIR if QUANT_TYPES[quant_type].moe_check.op_reference else GROUP_SIZE
     if k % need or inter % need:
         return f"{layer}: K={k}, I={inter} do not meet the op's alignment (multiples of {need})", quant_type
     return None, quant_type
@@ -134,10 +135,20 @@ def _layer_number(layer: str) -> int:
 
 
 def _layer_inputs(layer: str, k: int, experts: int, options: VerifyOptions):
+    """The layer's activations (MXFP8 codes and scales, and the BF16 values they were made from)
+    and per-expert token counts."""
     number = _layer_number(layer)
-    x_codes, x_scales, _ = gmm_situ.make_activations(options.seed * 1_000_003 + number, options.moe_tokens, k)
+    x_codes, x_scales, x_bf16 = gmm_situ.make_activations(options.seed * 1_000_003 + number, options.moe_tokens, k)
     counts = routing_counts(options.seed, number, options.moe_tokens, experts)
-    return x_codes, x_scales, counts
+    return x_codes, x_scales, x_bf16, counts
+
+
+def chain_input(check: MoeCheck, x_codes: np.ndarray, x_scales: np.ndarray, x_bf16: np.ndarray) -> np.ndarray:
+    """The activations gate/up consume at run time under `check`, as float32: MXFP8 (the op's
+    input), BF16 as they are (A16), or MXFP4 with the runtime's rounding (W4A4_MXFP4)."""
+    if check.activation == E4M3:
+        return gmm_situ.dequantize_activations(x_codes, x_scales)
+    return gmm_situ.dynamic_mx_quant(x_bf16, check.activation, check.input_round)
 
 
 def w4a8_batch_inputs(
@@ -161,8 +172,10 @@ def moe_layer_check(
     count = max(experts.names) + 1
     gate = experts.module(0, "gate_proj")
     k, inter = gate.k, gate.n
-    x_codes, x_scales, counts = _layer_inputs(layer, k, count, options)
-    x = gmm_situ.dequantize_activations(x_codes, x_scales)
+    check = QUANT_TYPES[quant_type].moe_check
+    x_codes, x_scales, x_bf16, counts = _layer_inputs(layer, k, count, options)
+    # the source experts see the same activations: the SiTU output error is the weights' alone
+    x = chain_input(check, x_codes, x_scales, x_bf16)
     starts = np.concatenate([[0], np.cumsum(counts)])
     active = [e for e in range(count) if counts[e] > 0]
     total = int(counts.sum())
@@ -171,7 +184,7 @@ def moe_layer_check(
     out_ref = np.zeros((total, k), np.float32)
     out_pkg = np.zeros((total, k), np.float32)
     for batch in _batches(active, 2 * inter * k):
-        if quant_type == W4A8_MXFP:
+        if check.op_reference:
             # the op's CPU reference, stages 1-2 (stage 3 is mx_output below)
             inputs, rows = w4a8_batch_inputs(experts, batch, starts, x_codes, x_scales, counts, options)
             y = gmm_situ.gmm_situ_float(inputs)
@@ -180,14 +193,14 @@ def moe_layer_check(
                 y_pkg[starts[e] : starts[e + 1]] = y[lo : lo + counts[e]]
         for e in batch:
             lo, hi = int(starts[e]), int(starts[e + 1])
-            if quant_type != W4A8_MXFP:
+            if not check.op_reference:
                 w13 = np.concatenate([experts.package_float(e, "gate_proj"), experts.package_float(e, "up_proj")])
                 y_pkg[lo:hi] = situ_float(x[lo:hi], w13, options.beta, options.linear_beta)
             w13_src = np.concatenate([experts.source_float(e, "gate_proj"), experts.source_float(e, "up_proj")])
             y_ref[lo:hi] = situ_float(x[lo:hi], w13_src, options.beta, options.linear_beta)
             out_ref[lo:hi] = down_float(y_ref[lo:hi], experts.source_float(e, "down_proj"))
-            out_pkg[lo:hi] = down_float(mx_output(y_pkg[lo:hi]), experts.package_float(e, "down_proj"))
-    path = "gmm_situ reference (W4A8_MXFP experts)" if quant_type == W4A8_MXFP else f"float chain ({quant_type} dequantized)"
+            out_pkg[lo:hi] = down_float(mx_output(y_pkg[lo:hi], check), experts.package_float(e, "down_proj"))
+    path = f"{check.path} ({quant_type} experts)" if check.op_reference else f"{check.path} ({quant_type} dequantized)"
     rel_situ, rel = _rel(y_ref, y_pkg), _rel(out_ref, out_pkg)
     limit = options.moe_limit(quant_type)
     return MoeReport(layer, quant_type, path, count, len(active), total, rel_situ, rel, limit, bool(rel <= limit))

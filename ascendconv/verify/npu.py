@@ -75,7 +75,7 @@ def _run_npu(lay: _Layout, options: VerifyOptions, progress: Progress | None) ->
             experts = _Experts(lay, reader, None, w4[layer])
             count = max(w4[layer]) + 1
             gate = experts.module(0, "gate_proj")
-            x_codes, x_scales, counts = _layer_inputs(layer, gate.k, count, options)
+            x_codes, x_scales, _, counts = _layer_inputs(layer, gate.k, count, options)
             starts = np.concatenate([[0], np.cumsum(counts)])
             active = [e for e in range(count) if counts[e] > 0]
             refs, gots = [], []
