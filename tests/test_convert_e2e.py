@@ -20,7 +20,7 @@ from conftest import FIXTURE_NAMES, FIXTURES, RULES, SCHEMES, file_digest
 
 # Relative L2 error bounds against the resolved source, per written type (the measured values on
 # these fixtures are printed by scripts/measure_errors.py; these bounds leave a margin).
-REL_L2_BOUND = {"W8A8_MXFP8": 0.045, "W4A8_MXFP": 0.16}
+REL_L2_BOUND = {"W8A8_MXFP8": 0.045, "W4A8_MXFP": 0.16, "W4A16_MXFP4": 0.16, "W4A4_MXFP4": 0.16}
 
 
 def package_tensors(out: Path) -> dict[str, np.ndarray]:
@@ -55,7 +55,8 @@ def check_package(fixture: str, out: Path, rule: str) -> dict[str, float]:
             assert name in f.keys()
     assert index["metadata"]["total_size"] == sum(a.nbytes for a in tensors.values())
     present = {t for t in description.values() if t != "FLOAT"}
-    assert meta["model_quant_type"] == (max(present, key=["W8A8_MXFP8", "W4A8_MXFP"].index) if present else "FLOAT")
+    ranked = ["W8A8_MXFP8", "W4A16_MXFP4", "W4A8_MXFP", "W4A4_MXFP4"]  # contract section 3
+    assert meta["model_quant_type"] == (max(present, key=ranked.index) if present else "FLOAT")
 
     config = json.loads((out / "config.json").read_text())
     assert "quantization_config" not in config and "quantization_config" not in config.get("text_config", {})

@@ -722,21 +722,17 @@ def _expert_float(reader, entry_w, entry_s, quant_type):
     return mx.dequantize_mx(payload, reader.read(entry_s), E4M3).astype(np.float64)
 
 
-@pytest.mark.parametrize("scheme", ["w4a8-mxfp", "w8a8-mxfp8"])
-def test_moe_check_matches_float64(converted, scheme):
-    """The figures of --moe-check, recomputed straightforwardly in float64 from the files."""
-    pkg = converted(MOE, scheme)
-    options = VerifyOptions(source=FIXTURES / MOE, moe_check=True, moe_layers=0)
-    report = verify(pkg, options)
-    assert report.ok and len(report.moe) == 2
-    source = Source.open(FIXTURES / MOE)
+def moe_figures64(pkg: Path, report, options: VerifyOptions, activations, package_weight, inner) -> None:
+    """Recompute each sampled layer's --moe-check figures in float64 from the files and compare:
+    `activations(x_codes, x_scales, x_bf16)` is what gate/up consume, `package_weight(reader,
+    weight entry, scale entry)` a package expert as float64, `inner(y)` what down_proj consumes."""
+    source = Source.open(options.source)
     headers = read_header(pkg / SHARD).tensors
-    quant_type = "W4A8_MXFP" if scheme == "w4a8-mxfp" else "W8A8_MXFP8"
     with TensorReader() as reader:
         for moe in report.moe:
             layer = moe.layer
-            x_codes, x_scales, _, counts = verify_moe._layer_inputs(layer, 128, 4, options)
-            x = gmm_situ.dequantize_activations(x_codes, x_scales).astype(np.float64)
+            x_codes, x_scales, x_bf16, counts = verify_moe._layer_inputs(layer, 128, 4, options)
+            x = activations(x_codes, x_scales, x_bf16).astype(np.float64)
             starts = np.concatenate([[0], np.cumsum(counts)])
             y_src, y_pkg, o_src, o_pkg = [], [], [], []
             for e in range(4):
@@ -749,14 +745,14 @@ def test_moe_check_matches_float64(converted, scheme):
 
                 def pkg_w(p):
                     name = f"{layer}.experts.{e}.{p}"
-                    return _expert_float(reader, headers[name + ".weight"], headers[name + ".weight_scale"], quant_type)
+                    return package_weight(reader, headers[name + ".weight"], headers[name + ".weight_scale"])
 
                 ys = situ64(rows @ np.concatenate([src("gate_proj"), src("up_proj")]).T, 4.0, 25.0)
                 yp = situ64(rows @ np.concatenate([pkg_w("gate_proj"), pkg_w("up_proj")]).T, 4.0, 25.0)
                 y_src.append(ys)
                 y_pkg.append(yp)
                 o_src.append(ys @ src("down_proj").T)
-                o_pkg.append(verify_moe.mx_output(yp.astype(np.float32)).astype(np.float64) @ pkg_w("down_proj").T)
+                o_pkg.append(inner(yp.astype(np.float32)).astype(np.float64) @ pkg_w("down_proj").T)
             y_src, y_pkg = np.concatenate(y_src), np.concatenate(y_pkg)
             o_src, o_pkg = np.concatenate(o_src), np.concatenate(o_pkg)
             rel_situ = np.linalg.norm(y_pkg - y_src) / np.linalg.norm(y_src)
@@ -765,6 +761,24 @@ def test_moe_check_matches_float64(converted, scheme):
             assert moe.rel_err == pytest.approx(rel, rel=0.05), (layer, moe.rel_err, rel)
             assert moe.tokens == 64 and moe.experts == 4
     source.close()
+
+
+@pytest.mark.parametrize("scheme", ["w4a8-mxfp", "w8a8-mxfp8"])
+def test_moe_check_matches_float64(converted, scheme):
+    """The figures of --moe-check, recomputed straightforwardly in float64 from the files."""
+    pkg = converted(MOE, scheme)
+    options = VerifyOptions(source=FIXTURES / MOE, moe_check=True, moe_layers=0)
+    report = verify(pkg, options)
+    assert report.ok and len(report.moe) == 2
+    quant_type = "W4A8_MXFP" if scheme == "w4a8-mxfp" else "W8A8_MXFP8"
+    moe_figures64(
+        pkg,
+        report,
+        options,
+        lambda codes, scales, _: gmm_situ.dequantize_activations(codes, scales),
+        lambda reader, w, s: _expert_float(reader, w, s, quant_type),
+        verify_moe.mx_output,
+    )
 
 
 def test_moe_threshold_and_sampling(converted):

@@ -65,7 +65,7 @@ class MoeReport:
     experts_used: int
     tokens: int
     rel_err_situ: float  # SiTU output (before the op's MX quantization): the weights' share
-    rel_err: float  # expert output after down_proj, MXFP8 SiTU output included: what the model sees
+    rel_err: float  # expert output after down_proj, the SiTU output quantized as its type does: what the model sees
     max_rel_err: float
     ok: bool
 
