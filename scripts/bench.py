@@ -69,8 +69,10 @@ EXPERTS = 16
 MOE_INTERMEDIATE = 1408  # 11 tiles of 128
 SHARD_BYTES = 512 * 2**20
 SIGMA_CODES = 448.0 / 4.6  # a Gaussian tile whose largest |w| (about 4.6 sigma) maps to 448
-SCHEMES = ("w8a8-mxfp8", "w4a8-mxfp")
-TARGET_RATIO = {"w8a8-mxfp8": 1.2, "w4a8-mxfp": 0.9}  # wall, to `cp -r` + sync of the same source
+SCHEMES = ("w8a8-mxfp8", "w4a8-mxfp", "w4a16-mxfp4-moe", "w4a4-mxfp4")
+# wall, to `cp -r` + sync of the same source; w4a4-mxfp4 runs w4a8-mxfp's E2M1 kernel everywhere,
+# w4a16-mxfp4-moe w4a8-mxfp-moe's mix (E2M1 experts, E4M3 rest)
+TARGET_RATIO = {"w8a8-mxfp8": 1.2, "w4a8-mxfp": 0.9, "w4a16-mxfp4-moe": 1.2, "w4a4-mxfp4": 0.9}
 # The synthetic checkpoint in other source formats (derive_source), converted w8a8-mxfp8: label ->
 # (format, target ratio to `cp -r` + sync of that format's own source)
 FORMAT_ROWS = {"convert ct-fp8 w8a8-mxfp8": ("ct-fp8", 1.2), "convert bf16 w8a8-mxfp8": ("bf16", 1.2)}

@@ -734,9 +734,10 @@ def moe_figures64(pkg: Path, report, options: VerifyOptions, activations, packag
             x_codes, x_scales, x_bf16, counts = verify_moe._layer_inputs(layer, 128, 4, options)
             x = activations(x_codes, x_scales, x_bf16).astype(np.float64)
             starts = np.concatenate([[0], np.cumsum(counts)])
-            y_src, y_pkg, o_src, o_pkg = [], [], [], []
+            y_src, y_pkg, o_src, o_pkg, o_bf16 = [], [], [], [], []
             for e in range(4):
                 rows = x[starts[e] : starts[e + 1]]
+                rows_bf16 = x_bf16[starts[e] : starts[e + 1]].astype(np.float64)
 
                 def src(p):
                     linear = source.linears[f"{layer}.experts.{e}.{p}"]
@@ -753,10 +754,12 @@ def moe_figures64(pkg: Path, report, options: VerifyOptions, activations, packag
                 y_pkg.append(yp)
                 o_src.append(ys @ src("down_proj").T)
                 o_pkg.append(inner(yp.astype(np.float32)).astype(np.float64) @ pkg_w("down_proj").T)
+                o_bf16.append(situ64(rows_bf16 @ np.concatenate([src("gate_proj"), src("up_proj")]).T, 4.0, 25.0) @ src("down_proj").T)
             y_src, y_pkg = np.concatenate(y_src), np.concatenate(y_pkg)
-            o_src, o_pkg = np.concatenate(o_src), np.concatenate(o_pkg)
+            o_src, o_pkg, o_bf16 = np.concatenate(o_src), np.concatenate(o_pkg), np.concatenate(o_bf16)
             rel_situ = np.linalg.norm(y_pkg - y_src) / np.linalg.norm(y_src)
             rel = np.linalg.norm(o_pkg - o_src) / np.linalg.norm(o_src)
+            assert moe.rel_err_bf16 == pytest.approx(np.linalg.norm(o_pkg - o_bf16) / np.linalg.norm(o_bf16), rel=0.05)
             assert moe.rel_err_situ == pytest.approx(rel_situ, rel=0.02), (layer, moe.rel_err_situ, rel_situ)
             assert moe.rel_err == pytest.approx(rel, rel=0.05), (layer, moe.rel_err, rel)
             assert moe.tokens == 64 and moe.experts == 4

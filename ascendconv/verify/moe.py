@@ -183,6 +183,7 @@ def moe_layer_check(
     y_pkg = np.zeros((total, inter), np.float32)
     out_ref = np.zeros((total, k), np.float32)
     out_pkg = np.zeros((total, k), np.float32)
+    out_bf16 = np.zeros((total, k), np.float32)
     for batch in _batches(active, 2 * inter * k):
         if check.op_reference:
             # the op's CPU reference, stages 1-2 (stage 3 is mx_output below)
@@ -197,13 +198,17 @@ def moe_layer_check(
                 w13 = np.concatenate([experts.package_float(e, "gate_proj"), experts.package_float(e, "up_proj")])
                 y_pkg[lo:hi] = situ_float(x[lo:hi], w13, options.beta, options.linear_beta)
             w13_src = np.concatenate([experts.source_float(e, "gate_proj"), experts.source_float(e, "up_proj")])
+            w2_src = experts.source_float(e, "down_proj")
             y_ref[lo:hi] = situ_float(x[lo:hi], w13_src, options.beta, options.linear_beta)
-            out_ref[lo:hi] = down_float(y_ref[lo:hi], experts.source_float(e, "down_proj"))
+            out_ref[lo:hi] = down_float(y_ref[lo:hi], w2_src)
+            out_bf16[lo:hi] = down_float(situ_float(x_bf16[lo:hi], w13_src, options.beta, options.linear_beta), w2_src)
             out_pkg[lo:hi] = down_float(mx_output(y_pkg[lo:hi], check), experts.package_float(e, "down_proj"))
     path = f"{check.path} ({quant_type} experts)" if check.op_reference else f"{check.path} ({quant_type} dequantized)"
     rel_situ, rel = _rel(y_ref, y_pkg), _rel(out_ref, out_pkg)
     limit = options.moe_limit(quant_type)
-    return MoeReport(layer, quant_type, path, count, len(active), total, rel_situ, rel, limit, bool(rel <= limit))
+    return MoeReport(
+        layer, quant_type, path, count, len(active), total, rel_situ, rel, limit, bool(rel <= limit), _rel(out_bf16, out_pkg)
+    )
 
 
 def _run_moe(lay: _Layout, source, options: VerifyOptions, progress: Progress | None) -> tuple[Check, list[MoeReport]]:

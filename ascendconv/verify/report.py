@@ -68,10 +68,14 @@ class MoeReport:
     rel_err: float  # expert output after down_proj, the SiTU output quantized as its type does: what the model sees
     max_rel_err: float
     ok: bool
+    # the same expert output against the source chain on the BF16 activations, nothing quantized but
+    # the weights: what the type's activation quantization costs too (W4A4 against W4A8, W4A16)
+    rel_err_bf16: float = float("nan")
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["rel_err_situ"], d["rel_err"] = _finite(self.rel_err_situ), _finite(self.rel_err)
+        d["rel_err_bf16"] = _finite(self.rel_err_bf16)
         return d
 
 

@@ -47,11 +47,11 @@ def render_verify(report, out: Console, top: int = 10, quiet: bool = False) -> N
         section(out, "MoE layers: GroupedMatmulSituQuant chain, package vs source experts")
         rows = [
             [m.layer, m.type, f"{m.experts_used}/{m.experts}", str(m.tokens), f"{m.rel_err_situ:.4f}",
-             f"{m.rel_err:.4f}", f"{m.max_rel_err:g}", _yes(m.ok)]
+             f"{m.rel_err:.4f}", f"{m.max_rel_err:g}", _yes(m.ok), f"{m.rel_err_bf16:.4f}"]
             for m in report.moe
         ]
-        headers = ["layer", "type", "experts", "tokens", "SiTU err", "out err", "limit", "ok"]
-        print_table(out, headers, rows, right=(2, 3, 4, 5, 6))
+        headers = ["layer", "type", "experts", "tokens", "SiTU err", "out err", "limit", "ok", "vs BF16"]
+        print_table(out, headers, rows, right=(2, 3, 4, 5, 6, 8))
     if report.npu and not quiet:
         section(out, "GroupedMatmulSituQuant on the NPU vs the CPU reference")
         rows = [
