@@ -137,12 +137,19 @@ def test_inspect_names_the_structure(family_root, name):
 def test_plan_per_scheme_matches_what_vllm_ascend_loads(planner, name):
     expected = EXPECTED[name]
     plans = {scheme: planner(name).plan(scheme) for scheme in SCHEMES}
-    quantized = expected["moe_w8"] + expected["moe_w4"]
-    assert plans["w8a8-mxfp8"].type_counts() == {"FLOAT": expected["float"], "W8A8_MXFP8": quantized, "W4A8_MXFP": 0}
-    assert plans["w4a8-mxfp"].type_counts() == {"FLOAT": expected["float"], "W8A8_MXFP8": 0, "W4A8_MXFP": quantized}
-    assert plans["w4a8-mxfp-moe"].type_counts() == {
-        "FLOAT": expected["float"], "W8A8_MXFP8": expected["moe_w8"], "W4A8_MXFP": expected["moe_w4"]
-    }
+    quantized, w8, w4 = expected["moe_w8"] + expected["moe_w4"], expected["moe_w8"], expected["moe_w4"]
+
+    def counts(**written):
+        return {"FLOAT": expected["float"], "W8A8_MXFP8": 0, "W4A16_MXFP4": 0, "W4A8_MXFP": 0, "W4A4_MXFP4": 0, **written}
+
+    assert plans["w8a8-mxfp8"].type_counts() == counts(W8A8_MXFP8=quantized)
+    assert plans["w4a8-mxfp"].type_counts() == counts(W4A8_MXFP=quantized)
+    assert plans["w4a8-mxfp-moe"].type_counts() == counts(W8A8_MXFP8=w8, W4A8_MXFP=w4)
+    assert plans["w4a16-mxfp4-moe"].type_counts() == counts(W8A8_MXFP8=w8, W4A16_MXFP4=w4)
+    assert plans["w4a4-mxfp4"].type_counts() == counts(W4A4_MXFP4=quantized)
+    assert plans["w4a4-mxfp4-moe"].type_counts() == counts(W8A8_MXFP8=w8, W4A4_MXFP4=w4)
+    # W4A16 experts are W4A8 experts byte for byte: the same package size
+    assert plans["w4a16-mxfp4-moe"].bytes_out == plans["w4a8-mxfp-moe"].bytes_out
     for plan in plans.values():
         assert plan.fallbacks == []  # nothing misaligned at --tp 1
         assert plan.quantized_mtp_modules() == 0
@@ -201,6 +208,17 @@ def test_tp_without_expert_parallelism_plans_the_fallbacks_up_front(planner, nam
     assert planner(name, Deployment(tp=tp, ep=True)).plan("w4a8-mxfp-moe").fallbacks == []
 
 
+@pytest.mark.parametrize("name, tp", [("qwen3-30b-a3b", 8), ("qwen3-235b-a22b", 16), ("minimax-m2", 16)])
+def test_w4a16_experts_take_k_per_rank_of_96_which_w4a4_does_not(planner, name, tp):
+    """K/T = 96: a multiple of 32 (W4A16_MXFP4's unpaired expert scales), not of 64 (W4A4_MXFP4's
+    paired ones, and W8A8_MXFP8's): W4A16 keeps the experts, W4A4 writes them FLOAT."""
+    experts = EXPECTED[name]["moe_w4"]
+    w4a16 = planner(name, Deployment(tp=tp)).plan("w4a16-mxfp4-moe")
+    assert w4a16.type_counts()["W4A16_MXFP4"] == experts and w4a16.fallbacks == []
+    w4a4 = planner(name, Deployment(tp=tp)).plan("w4a4-mxfp4-moe")
+    assert w4a4.type_counts()["FLOAT"] == experts and len(w4a4.fallbacks) == experts
+
+
 def test_deepseek_needs_no_fallback_at_tp_16(planner):
     assert planner("deepseek-v3", Deployment(tp=16)).plan("w4a8-mxfp").fallbacks == []
 
@@ -240,7 +258,8 @@ def test_dry_run_json(family_root, name):
     data = json.loads(result.stdout)
     description = data["description"]
     assert data["modules"] == {
-        "FLOAT": EXPECTED[name]["float"], "W8A8_MXFP8": EXPECTED[name]["moe_w8"], "W4A8_MXFP": EXPECTED[name]["moe_w4"]
+        "FLOAT": EXPECTED[name]["float"], "W8A8_MXFP8": EXPECTED[name]["moe_w8"], "W4A16_MXFP4": 0,
+        "W4A8_MXFP": EXPECTED[name]["moe_w4"], "W4A4_MXFP4": 0,
     }
     assert data["warnings"] == [] and data["fallbacks"] == []
     assert len(description) - 5 == sum(data["tensors"].values())  # one entry per tensor, 5 fields
