@@ -31,7 +31,7 @@ from ascendconv.errors import (
     UnsupportedSourceError,
 )
 from ascendconv.inspect import KIND_PACKAGE, KIND_PLAIN, KIND_SOURCE, inspect_path
-from ascendconv.decide import module_pattern
+from ascendconv.decide import SCHEMES as DECIDE_SCHEMES, module_pattern
 from ascendconv.io.safetensors import TensorReader, read_header
 from ascendconv.io.writer import ShardWriter, TensorSpec
 from ascendconv.sources import Source
@@ -118,7 +118,9 @@ def test_dense_fixture_summary_and_its_w4a8_fallback():
     assert (fallback.requested, fallback.written) == ("W4A8_MXFP", "W8A8_MXFP8")
     assert fallback.reason.startswith(f"K={k} is not a multiple of 64")
     assert report.schemes["w4a8-mxfp"].model_quant_type == "W4A8_MXFP"
-    assert report.schemes["w4a8-mxfp"].modules == {"FLOAT": 0, "W8A8_MXFP8": 1, "W4A8_MXFP": 13}
+    assert report.schemes["w4a8-mxfp"].modules == {
+        "FLOAT": 0, "W8A8_MXFP8": 1, "W4A16_MXFP4": 0, "W4A8_MXFP": 13, "W4A4_MXFP4": 0
+    }
 
     groups = {g.pattern: g for g in report.groups}
     down = groups["model.layers.*.mlp.down_proj"]
@@ -127,6 +129,9 @@ def test_dense_fixture_summary_and_its_w4a8_fallback():
         "w8a8-mxfp8": {"W8A8_MXFP8": 2},
         "w4a8-mxfp": {"W8A8_MXFP8": 1, "W4A8_MXFP": 1},
         "w4a8-mxfp-moe": {"W8A8_MXFP8": 2},
+        "w4a16-mxfp4-moe": {"W8A8_MXFP8": 2},
+        "w4a4-mxfp4": {"W4A4_MXFP4": 2},  # K=160: W4A4 linears take K % 32 (the loader pads)
+        "w4a4-mxfp4-moe": {"W8A8_MXFP8": 2},
     }
     assert groups["lm_head"].schemes["w4a8-mxfp"] == {"FLOAT": 1}
 
@@ -459,7 +464,7 @@ def test_cli_summary_tensors_and_json(converted):
 def test_json_documents_of_a_source_and_a_package(converted):
     data = inspect_path(FIXTURES / DENSE).to_dict()
     assert data["kind"] == "hf-block-fp8" and data["package"] is None
-    assert list(data["schemes"]) == list(SCHEMES)
+    assert list(data["schemes"]) == list(DECIDE_SCHEMES)  # every scheme row
     assert set(data["schemes"]["w4a8-mxfp"]) == {
         "model_quant_type", "modules", "tensors", "bytes_out", "shards", "fallbacks", "kept_float", "runtime"
     }
