@@ -20,7 +20,7 @@ from ascendconv.errors import BadOptionError
 from ascendconv.formats import elements, mx, resolve
 from ascendconv.formats.constants import E2M1, E2M1_GRID, E4M3
 from ascendconv.io.safetensors import read_header
-from ascendconv.io.source import SourceCheckpoint
+from ascendconv.sources import Source
 from ascendconv.verify import VerifyOptions, verify
 from ascendconv.verify import moe as verify_moe
 from conftest import FIXTURE_NAMES, FIXTURES, RULES, load_shard, save_shard
@@ -151,7 +151,7 @@ def test_bit_exact_against_the_numpy_reference(converted, fixture, scheme, rule)
     check_package(fixture, out, rule)
     labels = description(out)
     tensors = package_bytes(out)
-    source = SourceCheckpoint.open(FIXTURES / fixture)
+    source = Source.open(FIXTURES / fixture)
     linear_type, expert_type = SCHEME_TYPES[scheme]
     try:
         for prefix, linear in source.linears.items():
@@ -161,7 +161,7 @@ def test_bit_exact_against_the_numpy_reference(converted, fixture, scheme, rule)
             routed = ".experts." in prefix
             assert label == (expert_type if routed else linear_type) or label == "W8A8_MXFP8", prefix  # or a fallback
             resolved = resolve.resolve_tiles(
-                source.reader.read(linear.weight), source.read_scale(linear), source.quant.block, "bf16"
+                source.reader.read(linear.weight), source.read_scale(linear), linear.block, "bf16"
             )
             element = QUANT_TYPES[label].element
             codes, scales = mx.quantize_mx(resolved, element, rule)

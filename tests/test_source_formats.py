@@ -351,7 +351,10 @@ def as_float(src: Path, dst: Path, dtype: str = "BF16") -> Path:
     return respell(src, dst, tensor, lambda c: {k: v for k, v in c.items() if k != "quantization_config"})
 
 
-@pytest.mark.parametrize("fixture,scheme", [(DENSE, "w4a8-mxfp"), (MOE, "w4a8-mxfp-moe"), (DEEPSEEK, "w8a8-mxfp8")])
+@pytest.mark.parametrize(
+    "fixture,scheme",
+    [(DENSE, "w4a8-mxfp"), (MOE, "w4a8-mxfp-moe"), (DEEPSEEK, "w8a8-mxfp8"), (MOE, "w4a16-mxfp4-moe"), (DENSE, "w4a4-mxfp4")],
+)
 def test_a_bf16_master_quantizes_to_the_bytes_of_its_fp8_release(converted, tmp_path, fixture, scheme):
     """Quantizing BF16 values is the second half of converting FP8 tiles (resolve to BF16, then MX):
     every MX weight of the package made from the BF16 master equals the FP8 release's, byte for byte;

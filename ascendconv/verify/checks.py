@@ -73,8 +73,8 @@ CHECKS: dict[str, CheckKind] = {
         CheckKind(
             "alignment",
             "structure",
-            "convert again: convert falls back (W4A8_MXFP -> W8A8_MXFP8 -> FLOAT) for layers that do "
-            "not align",
+            "convert again: convert falls back down each type's chain (e.g. W4A4_MXFP4 -> W4A8_MXFP -> "
+            "W8A8_MXFP8 -> FLOAT) for layers that do not align",
         ),
         CheckKind(
             "packed_groups",
