@@ -199,19 +199,18 @@ class SchemeRow:
     name: str
     linear: str
     expert: str
-    choose: str  # when to choose it, in a few words (README, --help)
 
     def requested(self, routed: bool) -> str:
         return self.expert if routed else self.linear
 
 
 SCHEME_ROWS: tuple[SchemeRow, ...] = (
-    SchemeRow("w8a8-mxfp8", W8A8_MXFP8, W8A8_MXFP8, "closest to the source; the largest package"),
-    SchemeRow("w4a8-mxfp", W4A8_MXFP, W4A8_MXFP, "every layer 4-bit: the smallest W4A8 package"),
-    SchemeRow("w4a8-mxfp-moe", W8A8_MXFP8, W4A8_MXFP, "4-bit experts, 8-bit rest: the usual MoE choice"),
-    SchemeRow("w4a16-mxfp4-moe", W8A8_MXFP8, W4A16_MXFP4, "4-bit experts with BF16 activations: W4A8's size, less activation error"),
-    SchemeRow("w4a4-mxfp4", W4A4_MXFP4, W4A4_MXFP4, "4-bit weights and activations everywhere: the data-free W4A4 baseline"),
-    SchemeRow("w4a4-mxfp4-moe", W8A8_MXFP8, W4A4_MXFP4, "W4A4 experts, 8-bit rest"),
+    SchemeRow("w8a8-mxfp8", W8A8_MXFP8, W8A8_MXFP8),
+    SchemeRow("w4a8-mxfp", W4A8_MXFP, W4A8_MXFP),
+    SchemeRow("w4a8-mxfp-moe", W8A8_MXFP8, W4A8_MXFP),
+    SchemeRow("w4a16-mxfp4-moe", W8A8_MXFP8, W4A16_MXFP4),
+    SchemeRow("w4a4-mxfp4", W4A4_MXFP4, W4A4_MXFP4),
+    SchemeRow("w4a4-mxfp4-moe", W8A8_MXFP8, W4A4_MXFP4),
 )
 SCHEME_TABLE: dict[str, SchemeRow] = {row.name: row for row in SCHEME_ROWS}
 

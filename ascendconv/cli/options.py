@@ -12,6 +12,7 @@ from typing import Annotated
 
 from ascendconv.formats.constants import ResolveDtype, ScaleRule
 from ascendconv.options import KernelName
+from ascendconv.ascendv1 import SCHEME_ROWS
 from ascendconv.decide import Scheme
 
 AsJson = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
@@ -32,7 +33,13 @@ SharedAsRouted = Annotated[
 ]
 
 SchemeChoice = Annotated[
-    Scheme, typer.Option("--scheme", help="Types of linears and routed experts; the README's scheme table says when to choose which.")
+    Scheme,
+    typer.Option(
+        "--scheme",
+        help="Types of linears / routed experts: "
+        + "; ".join(f"{row.name} {row.linear} / {row.expert}" for row in SCHEME_ROWS)
+        + " (the README's scheme table says when to choose which).",
+    ),
 ]
 ScaleRuleChoice = Annotated[ScaleRule, typer.Option("--scale-rule", help="MX shared-exponent rule.")]
 ResolveDtypeChoice = Annotated[
