@@ -11,10 +11,12 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from ascendconv.ascendv1 import DESCRIPTION_NAME
 from ascendconv.errors import BadOptionError
 from ascendconv.io.files import file_size, mapped_reads_guarded
+from ascendconv.io.package import refuse_package_as_source
 from ascendconv.io.outdir import STAGING_TAG, StagedOutput, check_output, signals_interrupt, stale_siblings
 from ascendconv.io.output import check_free_space, check_output_path, output_errors, space_needed
 from ascendconv.options import KERNELS, ConvertOptions
@@ -71,9 +73,12 @@ def convert(
     progress: Progress | None = None,
     dry_run: bool = False,
     notice: Notice | None = None,
+    on_shard: Callable[[int, int], None] | None = None,
 ) -> ConvertResult:
+    """`on_shard(closed, count)` is told as each of the run's shards is finished (a CI heartbeat)."""
     started = time.perf_counter()
     out = Path(out)
+    refuse_package_as_source(Path(src))
     source = open_source(src)
     try:
         plan = plan_for(source, options)
@@ -94,11 +99,12 @@ def convert(
         kernel.prepare(plan, source, notice)
         adopt = adopter(identity, out, options.overwrite) if options.resume else None
         workers = worker_count(options.workers)
+        closed = shard_counter(len(wanted), on_shard)
         with output_errors(out), signals_interrupt(), mapped_reads_guarded(), StagedOutput(out, check, adopt) as staged:
             if options.resume:
-                digests, reused = resume_shards(source, plan, kernel, staged, workers, progress, wanted, identity)
+                digests, reused = resume_shards(source, plan, kernel, staged, workers, progress, wanted, identity, closed)
             else:
-                digests, reused = write_shards(source, plan, kernel, staged.staging, workers, progress, wanted), {}
+                digests, reused = write_shards(source, plan, kernel, staged.staging, workers, progress, wanted, closed), {}
             if options.part:
                 small_files = write_plan_files(source, plan, staged.staging)
                 write_part_manifest(staged.staging, identity, options.part, digests, small_files)
@@ -110,6 +116,19 @@ def convert(
         return ConvertResult(out, plan, kernel.name, seconds, False, digests, bytes_written, sorted(reused), options.part)
     finally:
         source.close()
+
+
+def shard_counter(count: int, on_shard: Callable[[int, int], None] | None) -> Callable[[str, str], None]:
+    """An `on_closed(file, checksum)` for the pipeline that tells `on_shard` how many are finished."""
+    closed = 0
+
+    def on_closed(file: str, checksum: str) -> None:
+        nonlocal closed
+        closed += 1
+        if on_shard:
+            on_shard(closed, count)
+
+    return on_closed
 
 
 def worker_count(requested: int) -> int:
@@ -140,6 +159,7 @@ def resume_shards(
     progress: Progress | None,
     wanted: list[int],
     identity: dict,
+    on_closed: Callable[[str, str], None],
 ) -> tuple[dict[str, str], dict[str, str]]:
     """Write the wanted shards that an adopted staging does not record as finished, recording each
     as it closes, while the recorded ones are re-read in the background; a recorded shard whose
@@ -149,13 +169,18 @@ def resume_shards(
     ledger = Ledger(staging, identity, recorded)
     verified = verify_in_background(staging, recorded)
     todo = [i for i in wanted if plan.shards[i].file not in recorded]
-    digests = write_shards(source, plan, kernel, staging, workers, progress, todo, ledger.record)
+
+    def record(file: str, checksum: str) -> None:
+        ledger.record(file, checksum)
+        on_closed(file, checksum)
+
+    digests = write_shards(source, plan, kernel, staging, workers, progress, todo, record)
     reused = verified()
     again = [i for i in wanted if plan.shards[i].file in recorded and plan.shards[i].file not in reused]
     for i in again:
         ledger.forget(plan.shards[i].file)
         (staging / plan.shards[i].file).unlink(missing_ok=True)
     if again:
-        digests.update(write_shards(source, plan, kernel, staging, workers, progress, again, ledger.record))
+        digests.update(write_shards(source, plan, kernel, staging, workers, progress, again, record))
     return {**reused, **digests}, reused
 

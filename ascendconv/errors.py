@@ -249,6 +249,14 @@ class NoSpaceError(OutputWriteError):
 # --- parts and clusters (exit 3) ----------------------------------------------------------------
 
 
+class PartDirectoryError(InputError):
+    """A part directory (convert --part) given where a package or a source is expected."""
+
+
+class PackageAsSourceError(InputError):
+    default_hint = "inspect or verify it (`ascendconv verify PACKAGE`); to convert, pass the block-FP8 checkpoint it came from"
+
+
 class PartError(InputError):
     default_hint = "pass the part directories written by `ascendconv convert SRC PARTDIR --part I/N`"
 

@@ -40,7 +40,7 @@ from conftest import FIXTURE_NAMES, FIXTURES, SCHEMES, load_shard, save_shard
 runner = CliRunner()
 DENSE, MOE, DEEPSEEK = "qwen3-dense-fp8", "qwen3-moe-fp8", "deepseek-v3-fp8"
 JSON_KEYS = [
-    "ok", "schema", "kind", "path", "model", "quantization", "package", "files", "tensors", "structure", "deployment", "warnings",
+    "ok", "schema", "command", "kind", "path", "model", "quantization", "package", "files", "tensors", "structure", "deployment", "warnings",
     "groups", "schemes", "problems", "tensor_filter", "tensor_list",
 ]
 
@@ -366,7 +366,9 @@ def test_anything_else_is_refused_with_a_clear_message(tmp_path, make, error, wo
     assert caught.value.hint
     result = invoke(target, "--json")
     assert result.exit_code == 3
-    assert json.loads(result.stdout.splitlines()[0]) == {"ok": False, **caught.value.to_dict()}
+    assert json.loads(result.stdout.splitlines()[0]) == {
+        "ok": False, "schema": 1, "command": "inspect", **caught.value.to_dict(), "exit_code": 3
+    }
 
 
 def test_missing_path(tmp_path):
@@ -448,7 +450,7 @@ def test_cli_summary_tensors_and_json(converted):
         data = json.loads(result.stdout)
         assert list(data) == JSON_KEYS
         assert data["ok"] is True and data["schema"] == 1 and data["tensor_list"] is None
-        assert data == json.loads(json.dumps(inspect_path(target).to_dict()))
+        assert data == {"command": "inspect", **json.loads(json.dumps(inspect_path(target).to_dict()))}
 
         result = invoke(target, "--tensors", "--json")
         data = json.loads(result.stdout)

@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import atexit
 import gc
-import json
 import signal
+import sys
 from typing import Callable
 
 import typer
 from rich.markup import escape
+from typer.core import TyperGroup
 
 from ascendconv import __version__
 from ascendconv.cli.console import err, out
+from ascendconv.cli.envelope import dump_envelope, error_envelope, usage_hint
 from ascendconv.errors import EXIT_INTERRUPTED, AscendconvError, Interrupted
 
 # At exit the interpreter's last garbage collection walks every object still alive, numba's type
@@ -25,10 +27,37 @@ from ascendconv.errors import EXIT_INTERRUPTED, AscendconvError, Interrupted
 # (files are closed and temporary directories removed before it returns).
 atexit.register(gc.freeze)
 
+class CommandLine(TyperGroup):
+    """The group every command hangs on: an option parser's usage error (an unknown option, a value
+    not among the choices) is printed with a "did you mean" where one is close, and, when --json was
+    given, also as the one JSON error object on stdout that every other error prints."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        argv = list(sys.argv[1:] if args is None else args)
+        if not standalone_mode:
+            return super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            code = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
+        except typer.TyperException as exc:  # Click's usage errors, raised by the option parser
+            exc.show()
+            hint = usage_hint(exc)
+            if hint:
+                err.print(f"[dim]hint:[/] {escape(hint)}", highlight=False, soft_wrap=True)
+            if "--json" in argv:
+                command = next((a for a in argv if a in self.commands), None)
+                dump_envelope(error_envelope(command, type(exc).__name__, exc.format_message(), hint, exc.exit_code))
+            sys.exit(exc.exit_code)
+        except typer.Abort:
+            typer.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
 app = typer.Typer(
-    add_completion=False,
+    cls=CommandLine,
     rich_markup_mode=None,
     no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
     help="Convert Hugging Face block-FP8 checkpoints to AscendV1 MX packages for vllm-ascend.",
 )
 
@@ -46,13 +75,13 @@ def main(
     """ascendconv: offline block-FP8 -> MXFP8 / MXFP4 conversion for Ascend NPUs."""
 
 
-def run(action: Callable[[], object], as_json: bool) -> object:
+def run(action: Callable[[], object], as_json: bool, command: str) -> object:
     """Call the library; turn its errors into a message, a hint and an exit code."""
     try:
         return action()
     except AscendconvError as exc:
         if as_json:
-            print(json.dumps({"ok": False, **exc.to_dict()}))
+            dump_envelope(error_envelope(command, exc.code, exc.message, exc.hint, exc.exit_code))
         # soft_wrap: a message names files and tensors; never break it inside a name
         err.print(f"[bold red]error:[/] {escape(exc.message)}", highlight=False, soft_wrap=True)
         if exc.hint:
@@ -64,12 +93,17 @@ def run(action: Callable[[], object], as_json: bool) -> object:
         err.print(
             f"[bold red]interrupted[/] {what}" + (f": {escape(outcome)}" if outcome else ""), highlight=False, soft_wrap=True
         )
-        raise typer.Exit(exc.exit_code if isinstance(exc, Interrupted) else EXIT_INTERRUPTED)
+        code = exc.exit_code if isinstance(exc, Interrupted) else EXIT_INTERRUPTED
+        if as_json:
+            dump_envelope(error_envelope(command, "Interrupted", f"interrupted {what}".strip(), outcome, code))
+        raise typer.Exit(code)
 
 
-def print_json(result) -> None:
-    """A library result as the one JSON object --json promises on stdout."""
-    print(json.dumps(result.to_dict(), indent=2))
+def print_json(result, command: str) -> None:
+    """A library result as the one JSON object --json promises on stdout, in the envelope."""
+    from ascendconv.cli.envelope import envelope
+
+    dump_envelope(envelope(command, result.to_dict()), indent=2)
 
 
 # Registered after `app` and `run` exist: each command module imports them from here.

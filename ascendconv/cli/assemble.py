@@ -8,7 +8,7 @@ from typing import Annotated, List
 import typer
 
 from ascendconv.cli import app, print_json, run
-from ascendconv.cli.console import err, out
+from ascendconv.cli.console import out
 from ascendconv.cli.options import AsJson, NewPackage, Overwrite, Quiet
 from ascendconv.cli.progress import byte_progress
 
@@ -26,14 +26,14 @@ def assemble_command(
     from ascendconv.cli.render.convert import render_assemble
 
     def action():
-        bar, progress = byte_progress(not quiet and err.is_terminal, "checking parts")
+        bar, progress, _ = byte_progress(quiet, "checking parts")
         if bar is None:
-            return assemble(out_dir, part_dirs, overwrite)
+            return assemble(out_dir, part_dirs, overwrite, progress=progress)
         with bar:
             return assemble(out_dir, part_dirs, overwrite, progress=progress)
 
-    result = run(action, as_json)
+    result = run(action, as_json, "assemble")
     if as_json:
-        print_json(result)
+        print_json(result, "assemble")
     elif not quiet:
         render_assemble(result, out)

@@ -90,7 +90,6 @@ def convert(
     from ascendconv.convert import convert as run_convert
     from ascendconv.io.hfcache import resolve_source
     from ascendconv.parts import parse_part
-    from ascendconv.decide import Override
 
     # A one-shot process: every full collection would walk the objects numba and numpy created at
     # import, for nothing. Move them out of the collector's way (this also spares the final
@@ -102,8 +101,8 @@ def convert(
             scheme=scheme.value,
             scale_rule=scale_rule.value,
             resolve_dtype=resolve_dtype.value,
-            overrides=[Override.parse(o) for o in override or []],
-            max_shard_size=parse_size(max_shard_size),
+            overrides=[parse_override(o) for o in override or []],
+            max_shard_size=parse_shard_size(max_shard_size),
             kernel=kernel.value,
             workers=workers,
             overwrite=overwrite,
@@ -114,17 +113,43 @@ def convert(
         runner = run_convert
         if (ray or ray_address) and not dry_run:
             runner = ray_runner(options, ray_address, ray_parts, ray_cpus, ray_retries)
-        bar, progress = byte_progress(not quiet and not dry_run and err.is_terminal, "converting")
+        bar, progress, on_shard = byte_progress(quiet or dry_run, "converting")
         if bar is None:
-            return runner(resolve_source(src), out_dir, options, None, dry_run, notice)
+            return runner(resolve_source(src), out_dir, options, progress, dry_run, notice, on_shard)
         with bar:
             return runner(resolve_source(src), out_dir, options, progress, dry_run, notice)
 
-    result = run(action, as_json)
+    result = run(action, as_json, "convert")
     if as_json:
-        print_json(result)
+        print_json(result, "convert")
     elif not quiet:
         render_convert(result, out, err)
+
+
+def parse_override(text: str):
+    """--override GLOB=TYPE, with the type a user most likely meant when it is not one ('float')."""
+    from ascendconv.ascendv1 import QUANT_TYPES
+    from ascendconv.cli.envelope import closest
+    from ascendconv.decide import Override
+    from ascendconv.errors import BadOptionError
+
+    try:
+        return Override.parse(text)
+    except BadOptionError as exc:
+        glob, _, quant_type = text.rpartition("=")
+        meant = closest(quant_type, QUANT_TYPES) if glob else None
+        if meant is None:
+            raise
+        raise BadOptionError(exc.message, f"did you mean --override '{glob}={meant}'? ({exc.hint})") from None
+
+
+def parse_shard_size(text: str) -> int:
+    from ascendconv.errors import BadOptionError
+
+    try:
+        return parse_size(text)
+    except BadOptionError as exc:
+        raise BadOptionError(f"--max-shard-size: {exc.message}", exc.hint) from None
 
 
 def ray_runner(options: ConvertOptions, address: Optional[str], parts: int, cpus: int, retries: int) -> Callable:
@@ -139,4 +164,6 @@ def ray_runner(options: ConvertOptions, address: Optional[str], parts: int, cpus
         )
     import_ray()  # fails at once, with how to install it
     ray_options = RayOptions(address=address, parts=parts, cpus_per_task=cpus, max_retries=retries)
-    return lambda src, out, options, progress, dry_run, notice: convert_on_ray(src, out, options, ray_options, progress)
+    return lambda src, out, options, progress, dry_run, notice, on_shard=None: convert_on_ray(
+        src, out, options, ray_options, progress
+    )

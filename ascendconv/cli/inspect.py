@@ -39,8 +39,8 @@ def inspect_command(
     from ascendconv.inspect import inspect_path
 
     glob = tensor_filter if tensor_filter is not None else ("*" if tensors else None)
-    report = run(lambda: inspect_path(src, tensors=glob, deployment=Deployment(tp, ep, shared_experts_as_routed)), as_json)
+    report = run(lambda: inspect_path(src, tensors=glob, deployment=Deployment(tp, ep, shared_experts_as_routed)), as_json, "inspect")
     if as_json:
-        print_json(report)
+        print_json(report, "inspect")
     else:
         render_inspect(report, out)

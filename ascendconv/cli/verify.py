@@ -84,15 +84,15 @@ def verify_command(
             min_sqnr_mxfp8=min_sqnr_mxfp8,
             min_sqnr_mxfp4=min_sqnr_mxfp4,
         )
-        bar, progress = verify_progress(not quiet and not as_json and err.is_terminal)
+        bar, progress = verify_progress(quiet or (as_json and err.is_terminal))
         if bar is None:
             return verify(package, options, progress, notice)
         with bar:
             return verify(package, options, progress, notice)
 
-    report = run(action, as_json)
+    report = run(action, as_json, "verify")
     if as_json:
-        print_json(report)
+        print_json(report, "verify")
     else:
         render_verify(report, out, top, quiet)
     if not report.ok:

@@ -32,7 +32,7 @@ from ascendconv.inspect.report import (
 )
 from ascendconv.inspect.source import inspect_source
 from ascendconv.io.hfcache import resolve_source
-from ascendconv.io.package import is_package
+from ascendconv.io.package import is_package, refuse_part_directory
 from ascendconv.sources.checkpoint import find_quantization_config, load_config
 from ascendconv.decide import Deployment
 
@@ -52,6 +52,7 @@ def inspect_path(
     root = resolve_source(str(path))
     if root.is_file():
         raise UnrecognizedCheckpointError(f"{root}: is a file; inspect takes a directory")
+    refuse_part_directory(root, "a package or a checkpoint")
     if is_package(root):
         return inspect_package(root, tensors)
     if any(root.glob("quant_model_weights*.safetensors")):

@@ -23,6 +23,20 @@ def hub_cache_dir() -> Path:
     return Path.home() / ".cache" / "huggingface" / "hub"
 
 
+def _nearby(path: Path) -> str:
+    """A hint naming the directory beside `path` whose name is closest to its name."""
+    import difflib
+
+    try:
+        names = sorted(p.name for p in path.parent.iterdir() if p.is_dir())
+    except OSError:
+        names = []
+    close = difflib.get_close_matches(path.name, names, n=1)
+    if close:
+        return f"did you mean {path.parent / close[0]}?"
+    return f"{path.parent} holds no directory of that name; pass a checkpoint directory or a cached repo id"
+
+
 def resolve_source(text: str) -> Path:
     """A local directory as it is; otherwise `org/name[@revision]` looked up in the HF cache."""
     path = Path(text).expanduser()
@@ -37,6 +51,8 @@ def resolve_source(text: str) -> Path:
     repo_dir = cache / ("models--" + repo.replace("/", "--"))
     snapshots = repo_dir / "snapshots"
     if not snapshots.is_dir():
+        if path.parent.is_dir() and path.parent != Path("."):  # a local path mistyped, most likely
+            raise NotFoundError(f"{text}: no such directory (nor a repo id in the Hugging Face cache)", _nearby(path))
         raise NotCachedError(f"{text}: not a local directory and not in the Hugging Face cache at {cache}")
     revision = revision or "main"
     ref = repo_dir / "refs" / revision

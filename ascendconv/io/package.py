@@ -10,10 +10,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ascendconv.errors import HeaderError, NotFoundError, PackageError, shown
+from ascendconv.errors import HeaderError, NotFoundError, PackageAsSourceError, PackageError, PartDirectoryError, shown
 from ascendconv.io.files import file_size, read_json_object
 from ascendconv.io.safetensors import SafetensorsHeader, TensorEntry, read_header
-from ascendconv.ascendv1 import DESCRIPTION_NAME, INDEX_NAME, PROVENANCE_NAME, SINGLE_SHARD_NAME, Provenance, split_description
+from ascendconv.ascendv1 import (
+    DESCRIPTION_NAME,
+    INDEX_NAME,
+    PART_MANIFEST_NAME,
+    PROVENANCE_NAME,
+    SINGLE_SHARD_NAME,
+    Provenance,
+    split_description,
+)
 
 
 def is_package(path: Path) -> bool:
@@ -146,3 +154,27 @@ class Package:
                     problems.append(f"index maps {shown(name)} to {shown(file)} but no shard holds it")
             problems += [f"{shown(n)} is in {self.tensors[n].path.name} but not in the index" for n in sorted(stored - set(weight_map))]
         return problems
+
+
+def refuse_part_directory(directory: Path, wanted: str) -> None:
+    """A part directory is not a package: say which part it is and that `assemble` makes the package."""
+    import json
+
+    manifest_path = directory / PART_MANIFEST_NAME
+    if not manifest_path.is_file() or manifest_path.is_symlink():
+        return
+    try:
+        manifest = json.loads(manifest_path.read_bytes()[: 1 << 20])
+    except ValueError:
+        manifest = {}
+    number, count = (manifest.get("part"), manifest.get("parts")) if isinstance(manifest, dict) else (None, None)
+    which = f"part {number} of {count}" if isinstance(number, int) and isinstance(count, int) else "a part"
+    raise PartDirectoryError(
+        f"{directory}: {which} of a `convert --part` run, not {wanted}",
+        f"run assemble: `ascendconv assemble OUT PARTDIR...` with every part's directory, then use OUT",
+    )
+
+
+def refuse_package_as_source(directory: Path) -> None:
+    if (directory / DESCRIPTION_NAME).is_file() or (directory / PART_MANIFEST_NAME).is_file():
+        raise PackageAsSourceError(f"{directory}: this is an AscendV1 package, not a block-FP8 checkpoint to convert")

@@ -31,8 +31,9 @@ from __future__ import annotations
 import math
 import os
 import time
+from pathlib import Path
 
-from ascendconv.io.package import Package
+from ascendconv.io.package import Package, refuse_part_directory
 from ascendconv.verify.checks import CHECKS
 from ascendconv.verify.integrity import _scan, check_checksums, check_payload, check_provenance, check_scales
 from ascendconv.verify.layout import _Layout
@@ -93,6 +94,7 @@ def _verify(
     started = time.perf_counter()
     options = options or VerifyOptions()
     options.validate()
+    refuse_part_directory(Path(package), "a package")
     pkg = Package.open(package)
     source = None
     if options.source is not None:
