@@ -258,6 +258,12 @@ LEGACY_SOURCE_FORMAT = "hf-fp8-block"  # packages of 0.3 and before record no fo
 
 
 @dataclass(frozen=True)
+class HubRecord:
+    repo_id: str  # org/name
+    revision: str  # the snapshot's commit
+
+
+@dataclass(frozen=True)
 class ProvenanceRecord:
     """ascendconv_provenance.json as `convert` writes it, less the shard checksums: nothing in it
     depends on the run (time, host, part), so a package assembled from parts carries the same file
@@ -274,19 +280,37 @@ class ProvenanceRecord:
     fallbacks: tuple[dict, ...]  # plan.ModuleDecision.to_dict() of each fallback
     source_nonfinite: dict[str, int]  # FLOAT tensor carried from the source -> its NaN / Inf values
     checksum: str  # the algorithm of the shard digests
+    hub: HubRecord | None  # the Hugging Face repo the source is a cached snapshot of, if it is one
+    deployment: dict  # {"tp", "ep", "shared_experts_as_routed"} the plan was made for
+    overrides: tuple[str, ...]  # every --override as given, GLOB=TYPE
+    command: str  # the convert command that makes this package again (run-only options left out)
 
     def base(self) -> dict:
         """The record as JSON (what a part manifest keeps to write the provenance when assembled)."""
         return _json_value(self)
 
-    def document(self, digests: dict[str, str]) -> dict:
-        return provenance_document(self.base(), digests)
+    def document(self, digests: dict[str, str], date: str) -> dict:
+        return provenance_document(self.base(), digests, date)
 
 
-def provenance_document(base: dict, digests: dict[str, str]) -> dict:
-    """The provenance file: a record's JSON (`ProvenanceRecord.base`), then every shard's digest
-    under the record's checksum algorithm."""
-    return {**base, "shards": {name: {base["checksum"]: digest} for name, digest in sorted(digests.items())}}
+def provenance_document(base: dict, digests: dict[str, str], date: str) -> dict:
+    """The provenance file: a record's JSON (`ProvenanceRecord.base`), the date the package was
+    written (the only field that depends on the run: kept out of the record, so parts converted at
+    different times still make one plan), then every shard's digest under the record's algorithm."""
+    shards = {name: {base["checksum"]: digest} for name, digest in sorted(digests.items())}
+    return {**base, "date": date, "shards": shards}
+
+
+def package_date(environ=None) -> str:
+    """When the package is written, in UTC to the second: SOURCE_DATE_EPOCH when set (the
+    reproducible-builds convention, for a byte-identical package), else now."""
+    import os
+    import time
+
+    environ = os.environ if environ is None else environ
+    epoch = environ.get("SOURCE_DATE_EPOCH", "").strip()
+    seconds = int(epoch) if epoch.isdigit() else int(time.time())
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
 
 
 def _text(value: object) -> str | None:
@@ -316,9 +340,49 @@ class Provenance:
     resolve_dtype = _text_field("resolve_dtype")
     kernel = _text_field("kernel")
 
+    command = _text_field("command")
+    date = _text_field("date")
+
     def settings(self) -> dict:
         """The settings as recorded (values of any type: reports show what the file holds)."""
         return {key: self.raw.get(key) for key in self.SETTINGS}
+
+    @property
+    def hub(self) -> dict | None:
+        """{"repo_id", "revision"} of the source's Hugging Face repo, when recorded as strings."""
+        hub = self.raw.get("hub")
+        if isinstance(hub, dict) and isinstance(hub.get("repo_id"), str) and isinstance(hub.get("revision"), str):
+            return {"repo_id": hub["repo_id"], "revision": hub["revision"]}
+        return None
+
+    @property
+    def deployment(self) -> dict | None:
+        """{"tp": int >= 1, "ep": bool, "shared_experts_as_routed": bool} as recorded, or None
+        (a package of an older version, or a field of the wrong types)."""
+        d = self.raw.get("deployment")
+        if not isinstance(d, dict):
+            return None
+        tp, flags = d.get("tp"), (d.get("ep"), d.get("shared_experts_as_routed"))
+        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1 or not all(isinstance(f, bool) for f in flags):
+            return None
+        return {"tp": tp, "ep": flags[0], "shared_experts_as_routed": flags[1]}
+
+    @property
+    def overrides(self) -> list[str]:
+        recorded = self.raw.get("overrides")
+        return [o for o in recorded if isinstance(o, str)] if isinstance(recorded, list) else []
+
+    def details(self) -> dict:
+        """Everything a report shows about how the package was made, typed (None where absent)."""
+        return {
+            **self.settings(),
+            "source": self.source_name,
+            "hub": self.hub,
+            "deployment": self.deployment,
+            "overrides": self.overrides,
+            "command": self.command,
+            "date": self.date,
+        }
 
     def origin(self) -> str:
         """The settings in one line, as reports print them."""

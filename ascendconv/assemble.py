@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from ascendconv.ascendv1 import provenance_document
+from ascendconv.ascendv1 import package_date, provenance_document
 from ascendconv.package_files import dump_json
 from ascendconv.pipeline import Progress
 from ascendconv.errors import (
@@ -182,7 +182,8 @@ def assemble_into(staging: Path, parts: list[Part]) -> tuple[int, int]:
             digests[name] = digest
     for name in parts[0].manifest["files"]:
         shutil.copyfile(parts[0].directory / name, staging / name)
-    dump_json(staging / PROVENANCE_NAME, provenance_document(parts[0].manifest["identity"]["provenance"], digests))
+    provenance = provenance_document(parts[0].manifest["identity"]["provenance"], digests, package_date())
+    dump_json(staging / PROVENANCE_NAME, provenance)
     return sum((staging / name).stat().st_size for name in digests), linked
 
 

@@ -89,7 +89,7 @@ def convert(
             return ConvertResult(out, plan, options.kernel, time.perf_counter() - started, True, {}, 0, part=options.part)
         kernel = Kernel(options.kernel)
         with mapped_reads_guarded():  # the provenance counts NaN/Inf in copied tensors, read mapped
-            provenance = provenance_record(source, plan, kernel.name)
+            provenance = provenance_record(source, plan, kernel.name, options)
         identity = plan_identity(provenance.base(), plan, options, copied_file_digests(source, plan))
         marker = PART_MANIFEST_NAME if options.part else DESCRIPTION_NAME
         check = lambda: check_output(out, source.root, options.overwrite, marker)  # noqa: E731
@@ -106,7 +106,7 @@ def convert(
             else:
                 digests, reused = write_shards(source, plan, kernel, staged.staging, workers, progress, wanted, closed), {}
             if options.part:
-                small_files = write_plan_files(source, plan, staged.staging)
+                small_files = write_plan_files(source, plan, staged.staging, provenance)
                 write_part_manifest(staged.staging, identity, options.part, digests, small_files)
             else:
                 write_package_files(source, plan, staged.staging, provenance, digests)

@@ -6,20 +6,27 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import shlex
 import shutil
 from pathlib import Path
 
 from ascendconv import __version__
 from ascendconv.ascendv1 import (
     DESCRIPTION_NAME,
+    FLOAT,
     INDEX_NAME,
     PROVENANCE_NAME,
+    HubRecord,
     ProvenanceRecord,
     SourceFileRecord,
     SourceRecord,
+    package_date,
 )
 from ascendconv.io.checksum import CHECKSUM
+from ascendconv.io.hfcache import cached_repo
 from ascendconv.io.safetensors import nonfinite_count
+from ascendconv.options import DEFAULT_MAX_SHARD_SIZE, ConvertOptions
 from ascendconv.pipeline import COPY_CHUNK_BYTES
 from ascendconv.plan import OutputKind, Plan
 from ascendconv.resume import sha256_hex
@@ -76,15 +83,22 @@ def copied_file_digests(source: Source, plan: Plan) -> dict[str, str]:
     return {name: sha256_hex(Path(os.path.realpath(source.root / name)).read_bytes()) for name in plan.copied_files}
 
 
-def write_plan_files(source: Source, plan: Plan, staging: Path) -> list[str]:
-    """The package's files other than shards and provenance; returns their names."""
-    written = [DESCRIPTION_NAME]
+def write_plan_files(source: Source, plan: Plan, staging: Path, provenance: ProvenanceRecord) -> list[str]:
+    """The package's files other than shards and provenance; returns their names. README.md is the
+    package's own model card, with the source's card (if any) below it."""
+    written = [DESCRIPTION_NAME, CARD_NAME]
+    original = None
+    if CARD_NAME in plan.copied_files:
+        original = Path(os.path.realpath(source.root / CARD_NAME)).read_text(encoding="utf-8", errors="replace")
+    (staging / CARD_NAME).write_text(model_card(plan, provenance, original), encoding="utf-8")
     dump_json(staging / DESCRIPTION_NAME, plan.description())
     index = plan.index()
     if index is not None:
         dump_json(staging / INDEX_NAME, index)
         written.append(INDEX_NAME)
     for name in plan.copied_files:
+        if name == CARD_NAME:
+            continue
         if name == "config.json":
             dump_json(staging / name, strip_quantization_config(source.config))
         else:
@@ -97,12 +111,12 @@ def write_plan_files(source: Source, plan: Plan, staging: Path) -> list[str]:
 def write_package_files(
     source: Source, plan: Plan, staging: Path, provenance: ProvenanceRecord, digests: dict[str, str]
 ) -> None:
-    write_plan_files(source, plan, staging)
-    dump_json(staging / PROVENANCE_NAME, provenance.document(digests))
+    write_plan_files(source, plan, staging, provenance)
+    dump_json(staging / PROVENANCE_NAME, provenance.document(digests, package_date()))
 
 
-def provenance_record(source: Source, plan: Plan, kernel: str) -> ProvenanceRecord:
-    """What the package's provenance says besides the shard checksums."""
+def provenance_record(source: Source, plan: Plan, kernel: str, options: ConvertOptions) -> ProvenanceRecord:
+    """What the package's provenance says besides the date and the shard checksums."""
     _, location = find_quantization_config(source.config)
     files = tuple(
         SourceFileRecord(h.path.name, h.file_size, source_fingerprint(h.header_bytes, h.file_size)) for h in source.headers
@@ -118,4 +132,161 @@ def provenance_record(source: Source, plan: Plan, kernel: str) -> ProvenanceReco
         fallbacks=tuple(d.to_dict() for d in plan.fallbacks),
         source_nonfinite=nonfinite_copies(source, plan),
         checksum=CHECKSUM,
+        hub=HubRecord(*repo) if (repo := cached_repo(source.root)) else None,
+        deployment={
+            "tp": plan.deployment.tp,
+            "ep": plan.deployment.ep,
+            "shared_experts_as_routed": plan.deployment.shared_experts_as_routed,
+        },
+        overrides=tuple(f"{o.glob}={o.quant_type}" for o in options.overrides),
+        command=convert_command(f"{repo[0]}@{repo[1]}" if repo else source.root.name, options),
     )
+
+
+def source_spec(provenance: ProvenanceRecord) -> str:
+    """The source as a command names it: the cached repo at its commit, else the directory's name."""
+    return f"{provenance.hub.repo_id}@{provenance.hub.revision}" if provenance.hub else provenance.source.name
+
+
+def convert_command(source: str, options: ConvertOptions) -> str:
+    """The command that writes this package again: every option that shapes its bytes, never the
+    run's own (--workers, --resume, --part, --overwrite, OUT's name) nor --kernel (either writes the
+    same bytes; the provenance's `kernel` says which ran), so that a package assembled from parts or
+    finished by --resume records the same command, and the model card quoting it is the same file."""
+    import shlex
+
+    words = ["ascendconv", "convert", source, "OUT", "--scheme", options.scheme, "--scale-rule", options.scale_rule,
+             "--resolve-dtype", options.resolve_dtype]
+    for override in options.overrides:
+        words += ["--override", f"{override.glob}={override.quant_type}"]
+    if options.max_shard_size != DEFAULT_MAX_SHARD_SIZE:
+        words += ["--max-shard-size", str(options.max_shard_size)]
+    deployment = options.deployment
+    if deployment.tp != 1:
+        words += ["--tp", str(deployment.tp)]
+    words += ["--ep"] * deployment.ep + ["--shared-experts-as-routed"] * deployment.shared_experts_as_routed
+    return shlex.join(words)
+
+
+# --- the model card -----------------------------------------------------------------------------
+
+CARD_NAME = "README.md"
+CARD_TAGS = ("ascend", "vllm-ascend", "ascendconv", "mx", "quantized")
+CARD_FALLBACKS_LISTED = 20  # a DeepSeek-sized fallback list would drown the card: the rest are in the provenance
+# Front-matter keys of the source's card that still hold for the package (the rest describe the source).
+CARRIED_FRONT_MATTER = ("license", "license_name", "license_link", "language", "pipeline_tag")
+
+
+def _front_matter(text: str) -> tuple[list[str], str]:
+    """(the lines of the carried top-level front-matter keys with their indented continuations,
+    the card's text after its front matter)."""
+    lines = text.splitlines()
+    if not lines or lines[0].strip() != "---":
+        return [], text
+    end = next((i for i in range(1, len(lines)) if lines[i].strip() == "---"), None)
+    if end is None:
+        return [], text
+    carried, keep = [], False
+    for line in lines[1:end]:
+        if line[:1] not in (" ", "\t", "-") or not line.strip():
+            keep = line.split(":", 1)[0].strip() in CARRIED_FRONT_MATTER
+        if keep:
+            carried.append(line)
+    return carried, "\n".join(lines[end + 1 :]).lstrip("\n")
+
+
+def _cell(text: str) -> str:
+    """Text from a file as one Markdown table cell: no line breaks, no column bars."""
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def _size(n: int) -> str:
+    for unit, factor in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= factor:
+            return f"{n / factor:.2f} {unit}"
+    return f"{n} B"
+
+
+def reason_pattern(reason: str) -> str:
+    """A fallback reason with its numbers as '*' (to merge the rows of many layers), except the
+    user's own --override text, shown as it was given."""
+    from ascendconv.decide import module_pattern
+
+    return "".join(p if p.startswith("--override ") else module_pattern(p) for p in re.split(r"(--override \S+)", reason))
+
+
+def serve_command(tp: int, ep: bool) -> str:
+    return f"vllm serve PACKAGE_DIR --quantization ascend --tensor-parallel-size {tp}" + (" --enable-expert-parallel" if ep else "")
+
+
+def model_card(plan: Plan, provenance: ProvenanceRecord, original: str | None) -> str:
+    """The package's README.md: Hugging Face front matter, what the package is and how to serve and
+    verify it, then the source's card. A function of the plan and the record only (no date): every
+    part of a --part run writes the same card."""
+    from ascendconv.decide import module_pattern
+
+    carried, original_text = _front_matter(original) if original else ([], "")
+    hub = provenance.hub
+    front = ["---"]
+    if hub:
+        front.append(f"base_model: {hub.repo_id}")
+        front.append("base_model_relation: quantized")
+    front += carried
+    front.append("library_name: vllm")
+    front.append("tags:")
+    front += [f"- {tag}" for tag in (*CARD_TAGS, *(t.lower().replace("_", "-") for t in plan.tensor_counts() if plan.tensor_counts()[t] and t != FLOAT))]
+    front.append("---")
+    name = hub.repo_id if hub else provenance.source.name
+    deployment = plan.deployment
+    lines = [
+        *front,
+        "",
+        f"# {_cell(name)}, AscendV1 {plan.model_quant_type}",
+        "",
+        f"An AscendV1 MX package of `{_cell(name)}`" + (f" (revision `{hub.revision}`)" if hub else "")
+        + f", written by ascendconv {provenance.version} for vllm-ascend on Ascend 950 NPUs. "
+        "The weights are re-quantized from the block-FP8 source; the model's own card follows below.",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| scheme | `{plan.scheme}` |",
+        f"| scale rule, resolve dtype | `{plan.scale_rule}`, `{plan.resolve_dtype}` |",
+        f"| model_quant_type | `{plan.model_quant_type}` |",
+        f"| tensors | {', '.join(f'{n} {t}' for t, n in plan.tensor_counts().items() if n)} |",
+        f"| size | {_size(plan.bytes_out)} of tensors (the source: {_size(plan.bytes_in)}) in {len(plan.shards)} shard(s) |",
+        f"| planned for | `--tp {deployment.tp}`" + (" `--ep`" if deployment.ep else "")
+        + (" `--shared-experts-as-routed`" if deployment.shared_experts_as_routed else "") + " |",
+    ]
+    if provenance.overrides:
+        lines.append(f"| overrides | {', '.join(f'`{_cell(o)}`' for o in provenance.overrides)} |")
+    lines += ["", "## Serve", "", "```", serve_command(deployment.tp, deployment.ep), "```", "",
+              f"`--tensor-parallel-size` and `--enable-expert-parallel` must match the `--tp {deployment.tp}`"
+              f"{' --ep' if deployment.ep else ''} the package was planned for: the fallbacks below were chosen for them.",
+              "", "## Verify", "", "```", f"ascendconv verify PACKAGE_DIR --source {shlex.quote(source_spec(provenance))}", "```", "",
+              "`verify` checks that vllm-ascend will load the package and, with `--source`, how close each weight is to the "
+              "source; it takes the recorded `--tp` and `--ep` by default.", "",
+              "## Types per module group (layer and expert numbers as *)", "", "| module | modules | written as |", "|---|---|---|"]
+    for pattern, types in plan.module_groups().items():
+        lines.append(f"| `{_cell(pattern)}` | {sum(types.values())} | {', '.join(f'{t} {n}' for t, n in types.items())} |")
+    kept = plan.kept_float()
+    if kept:
+        lines += ["", "## Kept FLOAT by the model's rules", "", "| modules | reason |", "|---|---|"]
+        lines += [f"| {n} | {_cell(why)} |" for why, n in kept.items()]
+    fallbacks = plan.fallbacks
+    lines += ["", f"## Fallbacks ({len(fallbacks)})", ""]
+    if fallbacks:
+        merged: dict[tuple, int] = {}
+        for fb in fallbacks:
+            key = (module_pattern(fb.module), fb.requested, fb.written, reason_pattern(fb.reason))
+            merged[key] = merged.get(key, 0) + 1
+        lines += ["| module | n | requested | written | reason |", "|---|---|---|---|---|"]
+        for (pattern, requested, written, reason), n in list(merged.items())[:CARD_FALLBACKS_LISTED]:
+            lines.append(f"| `{_cell(pattern)}` | {n} | {requested} | {written} | {_cell(reason)} |")
+        if len(merged) > CARD_FALLBACKS_LISTED:
+            lines.append(f"\n… and {len(merged) - CARD_FALLBACKS_LISTED} more kinds: every fallback is in `{PROVENANCE_NAME}`.")
+    else:
+        lines.append("None: every FP8 linear is written in the type the scheme asks for.")
+    lines += ["", "## Reproduce", "", "```", provenance.command, "```", ""]
+    if original_text.strip():
+        lines += ["---", "", "# The source model's card", "", original_text.rstrip("\n"), ""]
+    return "\n".join(lines)

@@ -29,9 +29,9 @@ def ok(*args, columns: int = 60) -> list[str]:
 
 
 def last_paragraph(lines: list[str]) -> str:
-    """The closing summary, joined back where the console wrapped it."""
+    """The closing summary (the last paragraph less its next steps)."""
     blank = max(i for i, line in enumerate(lines) if not line.strip())
-    return " ".join(line.strip() for line in lines[blank + 1 :])
+    return " ".join(line.strip() for line in lines[blank + 1 :] if not line.startswith(("next: ", "then: ")))
 
 
 def table_rows(lines: list[str], title: str, continued: bool = False) -> list[list[str]]:
@@ -71,6 +71,12 @@ def test_convert_then_verify_then_inspect_of_the_package(tmp_path):
     assert not any(line.startswith("shards (") for line in lines)  # a written package lists no plan shards
     totals = last_paragraph(lines)
     assert totals.startswith("w4a8-mxfp-moe, rule mse, resolve bf16, kernel reference: ") and totals.endswith(" s")
+    result = convert(DEEPSEEK, tmp_path / "dry", ConvertOptions(scheme="w4a8-mxfp-moe"), dry_run=True)
+    assert f" out ({(sum(p.stat().st_size for p in out.glob('quant_model_weights-*')) - result.plan.bytes_in) / result.plan.bytes_in:+.0%}) in " in totals
+    assert lines[-2:] == [
+        f"next: ascendconv verify {out} --source {DEEPSEEK}",
+        f"then: vllm serve {out} --quantization ascend --tensor-parallel-size 1",
+    ]
 
     report = verify(out, VerifyOptions())
     lines = ok("verify", out)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import time
 from pathlib import Path
@@ -16,7 +17,7 @@ from typer.testing import CliRunner
 
 from ascendconv.cli import app
 from ascendconv.cli.render.inspect import render_inspect
-from ascendconv.cli.render.tables import elide_middle
+from ascendconv.cli.render.tables import elide_middle, elide_name
 from ascendconv.convert import ConvertOptions, plan_for
 from ascendconv.errors import (
     MissingScaleError,
@@ -505,6 +506,18 @@ def test_elide_middle_keeps_both_ends_and_whole_numbers():
     assert elide_middle(name, 1) == "…" and elide_middle(name, 0) == ""
 
 
+def test_elide_name_keeps_layer_and_expert_numbers_and_the_last_words():
+    name = "model.layers.12.mlp.experts.37.down_proj.weight"
+    assert elide_name(name, 80) == name
+    assert elide_name(name, 40) == "…layers.12…experts.37.down_proj.weight"
+    assert elide_name(name, 30) == "…l.12…e.37.down_proj.weight"
+    for width in range(27, len(name)):
+        cut = elide_name(name, width)
+        assert len(cut) <= width and re.findall(r"\d+", cut) == ["12", "37"] and cut.endswith("down_proj.weight")
+    assert elide_name(name, 20) == elide_middle(name, 20)  # no room for both numbers and the end
+    assert elide_name("x" * 50, 11) == elide_middle("x" * 50, 11)
+
+
 @pytest.mark.parametrize("fixture", [DENSE, MOE, DEEPSEEK])
 def test_every_view_fits_80_columns(converted, fixture):
     scheme = "w4a8-mxfp" if fixture == DENSE else "w4a8-mxfp-moe"
@@ -527,8 +540,9 @@ def test_tensor_table_at_80_columns_has_one_line_per_tensor(fixture):
         assert (dtype, shape, quant_type) == (tensor.dtype, "×".join(map(str, tensor.shape)), tensor.quant_type)
         assert report.shards[int(shard) - 1].file == tensor.shard
         if shown != tensor.name:
-            head, tail = shown.split("…")
-            assert tensor.name.startswith(head) and tensor.name.endswith(tail)
+            # elided, with every layer and expert number kept, and the name's end whole
+            assert re.findall(r"\d+", shown) == [t for t in tensor.name.split(".") if t.isdigit()], shown
+            assert shown.endswith("." + tensor.name.split(".")[-1]), shown
             elided += 1
     assert elided  # these fixtures have names longer than the room left at 80 columns
     assert lines[4 + len(report.tensors) :] == [f"shard {i + 1} = {s.file}" for i, s in enumerate(report.shards)]

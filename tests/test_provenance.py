@@ -6,7 +6,15 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from ascendconv.ascendv1 import Provenance, ProvenanceRecord, SourceFileRecord, SourceRecord, provenance_document
+from ascendconv.ascendv1 import (
+    HubRecord,
+    Provenance,
+    ProvenanceRecord,
+    SourceFileRecord,
+    SourceRecord,
+    package_date,
+    provenance_document,
+)
 from ascendconv.package_files import dump_json
 
 RECORD = ProvenanceRecord(
@@ -26,7 +34,12 @@ RECORD = ProvenanceRecord(
     fallbacks=({"module": "model.layers.0.mlp", "requested": "W4A8_MXFP", "written": "FLOAT", "reason": "K=100"},),
     source_nonfinite={"model.embed_tokens.weight": 3},
     checksum="blake3",
+    hub=HubRecord("moonshotai/Kimi-K2", "0123abcd" * 5),
+    deployment={"tp": 8, "ep": True, "shared_experts_as_routed": False},
+    overrides=("model.layers.1.*=FLOAT",),
+    command="ascendconv convert moonshotai/Kimi-K2@0123abcd OUT --scheme w4a8-mxfp-moe",
 )
+DATE = "2026-12-01T21:30:00Z"
 DIGESTS = {"quant_model_weights-00002-of-00002.safetensors": "22" * 32, "quant_model_weights-00001-of-00002.safetensors": "11" * 32}
 
 
@@ -37,7 +50,7 @@ def read_back(tmp_path, document: dict) -> Provenance:
 
 def test_every_written_field_reads_back(tmp_path):
     base = RECORD.base()
-    read = read_back(tmp_path, RECORD.document(DIGESTS))
+    read = read_back(tmp_path, RECORD.document(DIGESTS, DATE))
     for field in dataclasses.fields(ProvenanceRecord):
         assert getattr(read, field.name) == base[field.name], field.name
     assert read.source == {
@@ -55,6 +68,25 @@ def test_every_written_field_reads_back(tmp_path):
     assert read.source_nonfinite == {"model.embed_tokens.weight": 3}
     assert {name: read.digest(name) for name in DIGESTS} == DIGESTS
     assert read.digest("quant_model_weights-00003-of-00002.safetensors") is None
+    assert read.hub == {"repo_id": "moonshotai/Kimi-K2", "revision": "0123abcd" * 5} and read.date == DATE
+    assert read.deployment == {"tp": 8, "ep": True, "shared_experts_as_routed": False}
+    assert read.details()["overrides"] == ["model.layers.1.*=FLOAT"]
+
+
+def test_fields_of_the_wrong_type_read_as_absent():
+    read = Provenance({"hub": {"repo_id": 3}, "deployment": {"tp": True, "ep": False, "shared_experts_as_routed": False},
+                       "overrides": "x", "command": ["ascendconv"], "date": 1})
+    assert (read.hub, read.deployment, read.overrides, read.command, read.date) == (None, None, [], None, None)
+    assert Provenance({"deployment": {"tp": 0, "ep": False, "shared_experts_as_routed": False}}).deployment is None
+
+
+def test_the_date_is_source_date_epoch_when_set_else_now():
+    assert package_date({"SOURCE_DATE_EPOCH": "0"}) == "1970-01-01T00:00:00Z"
+    assert package_date({"SOURCE_DATE_EPOCH": "1764624600"}) == "2025-12-01T21:30:00Z"
+    import time
+
+    before = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(time.time())))
+    assert before <= package_date({}) <= time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 1))
 
 
 def test_the_file_keeps_its_key_order_and_layout(tmp_path):
@@ -62,14 +94,18 @@ def test_the_file_keeps_its_key_order_and_layout(tmp_path):
     one_file = dataclasses.replace(
         RECORD, source=dataclasses.replace(RECORD.source, files=RECORD.source.files[:1]), fallbacks=(), source_nonfinite={}
     )
-    dump_json(tmp_path / "p.json", one_file.document({"s2": "22", "s1": "11"}))
+    one_file = dataclasses.replace(one_file, hub=None, overrides=())
+    dump_json(tmp_path / "p.json", one_file.document({"s2": "22", "s1": "11"}, DATE))
     assert (tmp_path / "p.json").read_text(encoding="utf-8") == (
         '{\n  "tool": "ascendconv",\n  "version": "9.8.7",\n  "source": {\n    "name": "Kimi-K2",\n'
         '    "format": "hf-fp8-block",\n    "quantization_config": "text_config.quantization_config",\n'
         '    "params": {\n      "weight_block_size": [\n        128,\n        64\n      ]\n    },\n    "files": [\n      {\n        "name": "a.safetensors",\n        "size": 1234,\n'
         f'        "fingerprint": "{"ab" * 32}"\n      }}\n    ]\n  }},\n  "scheme": "w4a8-mxfp-moe",\n'
         '  "scale_rule": "floor",\n  "resolve_dtype": "fp16",\n  "kernel": "reference",\n  "fallbacks": [],\n'
-        '  "source_nonfinite": {},\n  "checksum": "blake3",\n  "shards": {\n    "s1": {\n      "blake3": "11"\n'
+        '  "source_nonfinite": {},\n  "checksum": "blake3",\n  "hub": null,\n  "deployment": {\n    "tp": 8,\n'
+        '    "ep": true,\n    "shared_experts_as_routed": false\n  },\n  "overrides": [],\n'
+        f'  "command": "{RECORD.command}",\n  "date": "{DATE}",\n'
+        '  "shards": {\n    "s1": {\n      "blake3": "11"\n'
         '    },\n    "s2": {\n      "blake3": "22"\n    }\n  }\n}\n'
     )
 
@@ -77,8 +113,8 @@ def test_the_file_keeps_its_key_order_and_layout(tmp_path):
 def test_a_part_manifests_copy_gives_the_same_document():
     """assemble writes the provenance from the record's JSON kept in a part manifest: same document."""
     kept = json.loads(json.dumps(RECORD.base()))
-    assert provenance_document(kept, DIGESTS) == RECORD.document(DIGESTS)
-    assert list(RECORD.document(DIGESTS)) == [f.name for f in dataclasses.fields(ProvenanceRecord)] + ["shards"]
+    assert provenance_document(kept, DIGESTS, DATE) == RECORD.document(DIGESTS, DATE)
+    assert list(RECORD.document(DIGESTS, DATE)) == [f.name for f in dataclasses.fields(ProvenanceRecord)] + ["date", "shards"]
 
 
 def test_a_package_written_before_source_formats_reads_as_block_fp8():

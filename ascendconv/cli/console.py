@@ -7,6 +7,10 @@ from rich.markup import escape
 
 out = Console()
 err = Console(stderr=True)
+# In a pipe or a CI log a line is never wrapped at the 80 columns rich assumes: its reader's window,
+# grep and diff see each sentence whole.
+for _console in (out, err):
+    _console.soft_wrap = not _console.is_terminal
 
 
 def notice(text: str) -> None:

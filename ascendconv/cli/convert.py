@@ -123,7 +123,7 @@ def convert(
     if as_json:
         print_json(result, "convert")
     elif not quiet:
-        render_convert(result, out, err)
+        render_convert(result, out, err, src)
 
 
 def parse_override(text: str):

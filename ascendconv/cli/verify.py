@@ -9,7 +9,7 @@ import typer
 
 from ascendconv.cli import app, print_json, run
 from ascendconv.cli.console import err, notice, out
-from ascendconv.cli.options import AsJson, Ep, Quiet, Tp
+from ascendconv.cli.options import AsJson, Quiet
 from ascendconv.cli.progress import verify_progress
 from ascendconv.options import DEFAULT_MAX_MOE_REL_ERR, MAX_MOE_TOKENS, VerifyOptions
 
@@ -19,8 +19,12 @@ DEFAULTS = VerifyOptions()  # the defaults are VerifyOptions', written once
 @app.command("verify")
 def verify_command(
     package: Path = typer.Argument(..., metavar="OUT", help="The package directory to check."),
-    tp: Tp = DEFAULTS.tp,
-    ep: Ep = DEFAULTS.ep,
+    tp: Optional[int] = typer.Option(
+        None, "--tp", metavar="T", help="Tensor-parallel ranks vLLM will use (default: as recorded at conversion, else 1)."
+    ),
+    ep: Optional[bool] = typer.Option(
+        None, "--ep/--no-ep", help="Expert parallelism: routed experts placed whole (default: as recorded at conversion)."
+    ),
     checksums: bool = typer.Option(DEFAULTS.checksums, "--checksums/--no-checksums", help="Check each shard's checksum (BLAKE3; sha256 for older packages) against the provenance file."),
     source: Optional[str] = typer.Option(
         None, "--source", metavar="SRC", help="The block-FP8 checkpoint the package came from: enables the numerical checks."
@@ -63,10 +67,12 @@ def verify_command(
     from ascendconv.io.hfcache import resolve_source
     from ascendconv.verify import verify
 
+    recorded = recorded_deployment(package) if tp is None or ep is None else None
+
     def action():
         options = VerifyOptions(
-            tp=tp,
-            ep=ep,
+            tp=tp if tp is not None else (recorded or {}).get("tp", DEFAULTS.tp),
+            ep=ep if ep is not None else (recorded or {}).get("ep", DEFAULTS.ep),
             checksums=checksums,
             source=resolve_source(source) if source is not None else None,
             exact="full" if exact_full else ("sample" if exact else "off"),
@@ -94,6 +100,19 @@ def verify_command(
     if as_json:
         print_json(report, "verify")
     else:
-        render_verify(report, out, top, quiet)
+        render_verify(report, out, top, quiet, deployment_recorded=recorded is not None)
     if not report.ok:
         raise typer.Exit(1)
+
+
+def recorded_deployment(package: Path) -> dict | None:
+    """The --tp / --ep the package was converted for, from its provenance; None when it records none
+    (an older package, or no readable provenance: verify's own checks say what is wrong)."""
+    from ascendconv.ascendv1 import PROVENANCE_NAME, Provenance
+    from ascendconv.errors import AscendconvError, PackageError
+    from ascendconv.io.files import read_json_object
+
+    try:
+        return Provenance(read_json_object(package / PROVENANCE_NAME, PackageError)).deployment
+    except (AscendconvError, OSError):
+        return None

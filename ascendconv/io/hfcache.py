@@ -70,3 +70,14 @@ def resolve_source(text: str) -> Path:
             + (f" (cached: {', '.join(available)})" if available else "")
         )
     return snapshot
+
+
+def cached_repo(path: Path) -> tuple[str, str] | None:
+    """(repo id, commit) when `path` is a snapshot of the Hugging Face cache
+    (`.../models--org--name/snapshots/<commit>`), else None."""
+    path = Path(os.path.abspath(path))
+    repo_dir = path.parent.parent
+    if path.parent.name != "snapshots" or not repo_dir.name.startswith("models--") or not COMMIT.match(path.name):
+        return None
+    org, sep, name = repo_dir.name.removeprefix("models--").partition("--")
+    return (f"{org}/{name}", path.name) if sep and org and name else None

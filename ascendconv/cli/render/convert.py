@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from rich.console import Console
 from rich.text import Text
 
-from ascendconv.cli.render.tables import human_bytes, plural, print_table, section, types_cell
+from ascendconv.cli.render.tables import deployment_flags, human_bytes, plural, print_table, section, types_cell
 
 
-def render_convert(result, out: Console, err: Console) -> None:
+def render_convert(result, out: Console, err: Console, source: str = "SRC") -> None:
     """What became what (module groups), shards when planning, fallbacks, and the totals."""
     plan = result.plan
     head = "plan (dry run, nothing written)" if result.dry_run else f"wrote {result.output}"
@@ -19,10 +21,7 @@ def render_convert(result, out: Console, err: Console) -> None:
         out.print(f"resumed: {plural(len(result.reused_shards), 'finished shard')} reused, the rest converted")
     deployment = plan.deployment
     if deployment.tp > 1 or deployment.ep or deployment.shared_experts_as_routed:
-        out.print(Text(
-            f"planned for --tp {deployment.tp}" + (" --ep" if deployment.ep else "")
-            + (" --shared-experts-as-routed" if deployment.shared_experts_as_routed else ""),
-        ))
+        out.print(Text(f"planned for {deployment_flags(dataclasses.asdict(deployment))}"))
     for warning in plan.warnings:
         err.print(Text(f"warning: {warning}", style="yellow"))
     rows = [[pattern, str(sum(types.values())), types_cell(types)] for pattern, types in plan.module_groups().items()]
@@ -42,21 +41,41 @@ def render_convert(result, out: Console, err: Console) -> None:
     counts = ", ".join(f"{n} {t}" for t, n in plan.tensor_counts().items() if n)
     bytes_out = plan.bytes_out if result.dry_run else result.bytes_written
     out.print()
+    saving = f" ({(bytes_out - plan.bytes_in) / plan.bytes_in:+.0%})" if plan.bytes_in else ""
     out.print(
         f"{plan.scheme}, rule {plan.scale_rule}, resolve {plan.resolve_dtype}, kernel {result.kernel}: "
-        f"{len(plan.tensors)} tensors ({counts}); {human_bytes(plan.bytes_in)} in, {human_bytes(bytes_out)} out "
+        f"{len(plan.tensors)} tensors ({counts}); {human_bytes(plan.bytes_in)} in, {human_bytes(bytes_out)} out{saving} "
         f"in {plural(len(plan.shards), 'shard')}; {result.seconds:.2f} s",
         highlight=False,
     )
+    _next_step(result, out, source)
+
+
+def _next_step(result, out: Console, source: str) -> None:
+    """What to run next: the conversion itself after a dry run, verify then vllm serve after one."""
+    import shlex
+
+    from ascendconv.package_files import serve_command
+
+    if result.part:
+        return  # the next step of a part is the last part's and assemble's business
+    deployment = result.plan.deployment
+    target = shlex.quote(str(result.output))
+    if result.dry_run:
+        out.print(Text("next: run the same command without --dry-run", style="dim"))
+        return
+    out.print(Text(f"next: ascendconv verify {target} --source {shlex.quote(source)}", style="dim"))
+    out.print(Text("then: " + serve_command(deployment.tp, deployment.ep).replace("PACKAGE_DIR", target), style="dim"))
 
 
 def fallback_rows(fallbacks) -> list[list[str]]:
-    """One row per (module pattern, requested, written, reason with numbers as *)."""
+    """One row per (module pattern, requested, written, reason with numbers as *, an --override as given)."""
     from ascendconv.decide import module_pattern
+    from ascendconv.package_files import reason_pattern
 
     merged: dict[tuple, list] = {}
     for fb in fallbacks:
-        merged.setdefault((module_pattern(fb.module), fb.requested, fb.written, module_pattern(fb.reason)), []).append(fb)
+        merged.setdefault((module_pattern(fb.module), fb.requested, fb.written, reason_pattern(fb.reason)), []).append(fb)
     rows = []
     for (pattern, requested, written, reason), members in merged.items():
         one = len(members) == 1

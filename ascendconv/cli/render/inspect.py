@@ -4,11 +4,20 @@ from __future__ import annotations
 
 from rich.cells import cell_len
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from ascendconv.cli.render.convert import fallback_rows
-from ascendconv.cli.render.tables import MAX_LISTED, elide_middle, human_bytes, plural, print_table, section, types_cell
+from ascendconv.cli.render.tables import (
+    MAX_LISTED,
+    deployment_flags,
+    elide_middle,
+    human_bytes,
+    plural,
+    print_grid,
+    print_table,
+    section,
+    types_cell,
+)
 
 
 def render_inspect(report, console: Console) -> None:
@@ -72,6 +81,15 @@ def _render_inspect_summary(report, console: Console) -> None:
                     f"{plural(prov['fallbacks'], 'fallback')}",
                 )
             )
+            hub = prov["hub"]
+            source = f"{hub['repo_id']} at revision {hub['revision']}" if hub else prov["source"]
+            facts.append(("source", source + (f", on {prov['date']}" if prov["date"] else "")))
+            if prov["deployment"]:
+                facts.append(("planned for", deployment_flags(prov["deployment"])))
+            if prov["overrides"]:
+                facts.append(("overrides", ", ".join(prov["overrides"])))
+            if prov["command"]:
+                facts.append(("command", prov["command"]))
     index = "with index" if report.index else "no index"
     facts.append(("files", f"{plural(len(report.shards), 'shard')}, {human_bytes(report.total_bytes)}, {index}"))
     text = f"{report.tensor_count} ({human_bytes(report.tensor_bytes)} of data)"
@@ -102,14 +120,10 @@ def _render_inspect_summary(report, console: Console) -> None:
     if report.kind == KIND_PLAIN:
         facts.append(("convert", "not possible: no quantization_config and no linear projection to quantize"))
     label_width = max(cell_len(label) for label, _ in facts)
-    grid = Table.grid(padding=(0, 2))
-    grid.add_column(no_wrap=True)
-    grid.add_column()  # sentences wrap at word boundaries, under their own column
-    for label, value in facts:
-        if label == "path":  # a name: elided, never wrapped
-            value = elide_middle(value, console.width - label_width - 2)
-        grid.add_row(Text(label, style="dim"), Text(value))
-    console.print(grid)
+    if console.is_terminal:  # a name: elided, never wrapped
+        facts = [(label, elide_middle(value, console.width - label_width - 2) if label == "path" else value)
+                 for label, value in facts]
+    print_grid(console, facts)
     for warning in report.warnings:
         console.print(Text(f"warning: {warning}", style="yellow"))
 
@@ -172,12 +186,7 @@ def _render_runtime(report, console: Console) -> None:
     section(console, "what vllm-ascend will run, per --scheme")
     for scheme, estimate in report.schemes.items():
         console.print(Text(scheme, style="bold"))
-        notes = Table.grid(padding=(0, 1))
-        notes.add_column(no_wrap=True)
-        notes.add_column()  # a note wraps under itself
-        for note in estimate.runtime:
-            notes.add_row("  -", Text(note))
-        console.print(notes)
+        print_grid(console, [("  -", note) for note in estimate.runtime], gap=1, label_style=None)
 
 
 def _render_package_files(report, console: Console) -> None:
@@ -189,12 +198,7 @@ def _render_package_files(report, console: Console) -> None:
     print_table(console, ["file", "tensors", "bytes"], rows, right=(1, 2))
     if report.problems:
         section(console, f"{plural(len(report.problems), 'disagreement')} (`ascendconv verify` checks everything)")
-        listing = Table.grid(padding=(0, 1))
-        listing.add_column(no_wrap=True)
-        listing.add_column()  # a long message wraps under itself
-        for problem in report.problems[:MAX_LISTED]:
-            listing.add_row("-", Text(problem, style="yellow"))
-        console.print(listing)
+        print_grid(console, [("-", p) for p in report.problems[:MAX_LISTED]], gap=1, label_style=None, value_style="yellow")
         if len(report.problems) > MAX_LISTED:
             console.print(Text(f"… and {len(report.problems) - MAX_LISTED} more (see --json)", style="yellow"))
     else:

@@ -1,21 +1,20 @@
 """The table-fitting engine and the small text helpers every renderer shares.
 
-On a terminal a table is fitted to its width (names elided in the middle, sentences wrapped);
-in a pipe or a CI log nothing is cut: a tensor name is the one thing its reader needs whole.
+On a terminal a table is fitted to its width (names elided in the middle, keeping their layer and
+expert numbers; sentences wrapped); in a pipe or a CI log nothing is cut, wrapped or padded: a
+tensor name is the one thing its reader needs whole, and grep or diff should see no trailing spaces.
 """
 
 from __future__ import annotations
 
 from rich import box
 from rich.cells import cell_len
-from rich.console import Console, ConsoleOptions, RenderResult
-from rich.measure import Measurement
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 _GAP = 2  # cells between two columns of a table
 MAX_LISTED = 10  # items a summary lists before '… and N more'
-_UNBOUNDED = 10**6
 
 
 def human_bytes(n: float) -> str:
@@ -33,6 +32,13 @@ def plural(n: int, word: str) -> str:
 def section(console: Console, title: str) -> None:
     console.print()
     console.print(Text(title, style="bold"))
+
+
+def deployment_flags(deployment: dict) -> str:
+    """--tp T [--ep] [--shared-experts-as-routed] of a recorded deployment."""
+    return f"--tp {deployment['tp']}" + (" --ep" if deployment["ep"] else "") + (
+        " --shared-experts-as-routed" if deployment["shared_experts_as_routed"] else ""
+    )
 
 
 def types_cell(counts: dict[str, int]) -> str:
@@ -71,15 +77,82 @@ def elide_middle(text: str, width: int) -> str:
     return text[:head] + "…" + (text[-tail:] if tail else "")
 
 
-class _NaturalWidth:
-    """A table rendered at its own width rather than the console's (printed uncropped)."""
+def elide_name(name: str, width: int) -> str:
+    """A dotted module or tensor name cut to `width` cells keeping every layer and expert number and
+    the last words, which say what it is: words that precede no number go first ('…'), then the words
+    before numbers shrink to their initial: model.layers.12.mlp.experts.37.down_proj.weight at 28
+    cells is '…l.12…e.37.down_proj.weight'. Other text, or a name even that leaves too long, is cut
+    in the middle (`elide_middle`)."""
+    if cell_len(name) <= width:
+        return name
+    tokens = name.split(".")
+    if len(tokens) < 3 or not any(t.isdigit() for t in tokens):
+        return elide_middle(name, width)
+    whole_from = len(tokens) - (1 if tokens[-2].isdigit() else 2)  # the last words stay whole
+    state = ["keep"] * len(tokens)
 
-    def __init__(self, table: Table):
-        self.table = table
+    def shown() -> str:
+        text = ""
+        for token, how in zip(tokens, state):
+            if how == "drop":
+                text += "" if text.endswith("…") else "…"
+                continue
+            if text and not text.endswith("…"):
+                text += "."
+            text += token[0] if how == "short" else token
+        return text
 
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        width = Measurement.get(console, options.update(max_width=_UNBOUNDED), self.table).maximum
-        yield from console.render(self.table, options.update(width=width))
+    words = [i for i in range(whole_from) if not tokens[i].isdigit()]
+    steps = [(i, "drop") for i in words if not tokens[i + 1].isdigit()] + [(i, "short") for i in words if tokens[i + 1].isdigit()]
+    for i, how in steps:
+        state[i] = how
+        if cell_len(shown()) <= width:
+            return shown()
+    return elide_middle(name, width)
+
+
+def _plain_line(console: Console, line: str) -> None:
+    console.print(line.rstrip(), markup=False, highlight=False, soft_wrap=True, crop=False)
+
+
+def _print_plain(console: Console, headers: list[str] | None, rows: list[list[str]], widths: list[int],
+                 right: tuple[int, ...], gap: int) -> None:
+    """A table as a pipe receives it: every cell whole, columns aligned, no line padded past its
+    last cell (a cell's second line is a line of its own, under its column)."""
+    last = len(widths) - 1
+
+    def emit(cells: list[str]) -> None:
+        split = [cell.split("\n") for cell in cells]
+        for j in range(max(len(lines) for lines in split)):
+            texts = [lines[j] if j < len(lines) else "" for lines in split]
+            padded = [
+                t.rjust(widths[i]) if i in right else (t if i == last else t + " " * (widths[i] - cell_len(t)))
+                for i, t in enumerate(texts)
+            ]
+            _plain_line(console, (" " * gap).join(padded))
+
+    if headers is not None:
+        emit(headers)
+        _plain_line(console, "─" * (sum(widths) + gap * last))
+    for row in rows:
+        emit(row)
+
+
+def print_grid(console: Console, rows: list[tuple[str, str]], gap: int = 2, label_style: str | None = "dim",
+               value_style: str | None = None) -> None:
+    """Label-value lines. On a terminal the value wraps under its own column; elsewhere each line
+    is whole and unpadded."""
+    if not console.is_terminal:
+        width = max((cell_len(label) for label, _ in rows), default=0)
+        for label, value in rows:
+            _plain_line(console, label + " " * (width - cell_len(label) + gap) + value)
+        return
+    grid = Table.grid(padding=(0, gap))
+    grid.add_column(no_wrap=True)
+    grid.add_column()  # sentences wrap at word boundaries, under their own column
+    for label, value in rows:
+        grid.add_row(Text(label, style=label_style or ""), Text(value, style=value_style or ""))
+    console.print(grid)
 
 
 def print_table(
@@ -99,7 +172,8 @@ def print_table(
         for i, h in enumerate(headers)
     ]
     if not console.is_terminal:
-        elide = wrap = None
+        _print_plain(console, headers, rows, widths, right, gap)
+        return
     room_left = console.width - gap * (len(headers) - 1)
     fixed = sum(w for i, w in enumerate(widths) if i not in (elide, wrap))
     if wrap is not None:
@@ -121,12 +195,9 @@ def print_table(
     for row in rows:
         cells = [
             Text(
-                "\n".join(elide_middle(line, widths[i]) for line in cell.split("\n")) if i == elide else cell
+                "\n".join(elide_name(line, widths[i]) for line in cell.split("\n")) if i == elide else cell
             )
             for i, cell in enumerate(row)
         ]
         table.add_row(*cells)
-    if console.is_terminal:
-        console.print(table)
-    else:
-        console.print(_NaturalWidth(table), crop=False)
+    console.print(table)

@@ -19,12 +19,16 @@ def _yes(ok: bool) -> str:
     return "yes" if ok else "NO"
 
 
-def render_verify(report, out: Console, top: int = 10, quiet: bool = False) -> None:
+def render_verify(report, out: Console, top: int = 10, quiet: bool = False, deployment_recorded: bool = False) -> None:
     """Print a VerifyReport: the checks, the problems of failed ones, the worst tensors, MoE and NPU."""
     prov = report.provenance
     if not quiet:
         origin = Provenance(prov).origin() if prov else "no provenance"
         out.print(f"[bold]verify[/] {escape(str(report.package))}  [dim]({escape(origin)})[/]", highlight=False)
+        if deployment_recorded:
+            options = report.options
+            out.print(f"[dim]checked for --tp {options.tp}{' --ep' if options.ep else ''}, as recorded at conversion[/]",
+                      highlight=False)
         rows = [[c.name, "FAIL" if not c.ok else ("skip" if c.skipped else "pass"), c.detail] for c in report.checks]
         print_table(out, ["check", "result", "detail"], rows, elide=None, wrap=2)
     for check in report.failed:

@@ -1,0 +1,290 @@
+"""A user's journey around the tool: CI heartbeats, one JSON envelope for every command and error,
+a package that explains itself (model card, provenance), and the small habits of a command line
+(-h, "did you mean", errors that say what the input is)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ascendconv.ascendv1 import Provenance
+from ascendconv.cli import app
+from ascendconv.cli.progress import HEARTBEAT_SECONDS, Heartbeat
+from ascendconv.convert import ConvertOptions, convert
+from ascendconv.package_files import convert_command
+from conftest import FIXTURES
+
+runner = CliRunner()
+MOE = FIXTURES / "qwen3-moe-fp8"
+
+
+def cli(*args, env: dict | None = None):
+    return runner.invoke(app, [str(a) for a in args], env=env)
+
+
+def module_cli(*args, **kw) -> subprocess.CompletedProcess:
+    """The installed command line in its own process: stdout and stderr are pipes, not a terminal."""
+    return subprocess.run([sys.executable, "-m", "ascendconv", *map(str, args)], capture_output=True, text=True,
+                          timeout=300, **kw)
+
+
+# --- heartbeat ---------------------------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_heartbeat_prints_a_line_per_shard_and_every_30_seconds_between():
+    clock, lines = Clock(), []
+    beat = Heartbeat("converting", lines.append, clock)
+    clock.now += 10
+    beat.bytes(100 * 2**20, 400 * 2**20)
+    assert lines == []  # not yet due
+    clock.now += HEARTBEAT_SECONDS
+    beat.bytes(200 * 2**20, 400 * 2**20)
+    assert lines == ["converting: 200.00 MiB of 400.00 MiB (50%), 5.00 MiB/s, ETA 0m40s"]
+    beat.shard(1, 3)
+    assert lines[-1] == "converting: shard 1/3, 200.00 MiB of 400.00 MiB (50%), 5.00 MiB/s, ETA 0m40s"
+    clock.now += 3600 * 3  # 300 MiB in 10,840 s: 100 MiB more take 3,613 s
+    beat.bytes(300 * 2**20, 400 * 2**20)
+    assert lines[-1].endswith("ETA 1h00m") and "shard 1/3" in lines[-1]
+
+
+def test_heartbeat_of_verify_counts_layers_in_the_moe_phase():
+    clock, lines = Clock(), []
+    beat = Heartbeat("verifying", lines.append, clock)
+    beat.phase("scanning shards", 2**20, 2**21)
+    beat.phase("MoE layers", 1, 4)
+    assert lines == ["scanning shards: 1.00 MiB of 2.00 MiB (50%)", "MoE layers: 1 of 4 (25%)"]
+
+
+def test_a_ci_log_gets_heartbeat_lines_from_convert_and_verify(tmp_path):
+    out = tmp_path / "out"
+    done = module_cli("convert", MOE, out, "--scheme", "w4a8-mxfp-moe", "--max-shard-size", "100KB")
+    assert done.returncode == 0, done.stderr
+    beats = [line for line in done.stderr.splitlines() if line.startswith("converting: ")]
+    shards = sorted(out.glob("quant_model_weights-*.safetensors"))
+    assert [re.match(r"converting: shard (\d+)/(\d+), ", b).groups() for b in beats] == [
+        (str(i), str(len(shards))) for i in range(1, len(shards) + 1)
+    ]
+    assert "\r" not in done.stderr and beats[-1].split(", ")[1].endswith("(100%)")
+    checked = module_cli("verify", out, "--source", MOE, "--moe-check")
+    assert checked.returncode == 0, checked.stderr
+    phases = [line.split(":")[0] for line in checked.stderr.splitlines()]
+    assert phases == ["scanning shards", "comparing with source", "MoE layers"]
+    quiet = module_cli("verify", out, "--quiet")
+    assert quiet.returncode == 0 and quiet.stderr == ""
+
+
+# --- the JSON envelope -------------------------------------------------------------------------
+
+
+def test_every_command_answers_json_in_one_envelope(tmp_path):
+    converted = module_cli("convert", MOE, tmp_path / "pkg", "--json", "--quiet")
+    assert converted.returncode == 0, converted.stderr
+    data = json.loads(converted.stdout)
+    assert (data["ok"], data["schema"], data["command"], data["output"]) == (True, 1, "convert", str(tmp_path / "pkg"))
+    # what a CI job writes: `ascendconv convert ... --json | jq -e .ok`
+    assert subprocess.run([sys.executable, "-c", "import json,sys; sys.exit(0 if json.load(sys.stdin)['ok'] else 1)"],
+                          input=converted.stdout, text=True).returncode == 0
+    for args, command in ((["inspect", tmp_path / "pkg"], "inspect"), (["verify", tmp_path / "pkg"], "verify")):
+        data = json.loads(cli(*args, "--json").stdout)
+        assert (data["ok"], data["schema"], data["command"]) == (True, 1, command)
+    parts = [tmp_path / "p1", tmp_path / "p2"]
+    for i, part in enumerate(parts, 1):
+        assert cli("convert", MOE, part, "--part", f"{i}/2", "--quiet").exit_code == 0
+    data = json.loads(cli("assemble", tmp_path / "joined", *parts, "--json").stdout)
+    assert (data["ok"], data["command"], data["parts"]) == (True, "assemble", 2)
+
+
+@pytest.mark.parametrize(
+    "args, error, exit_code, hint",
+    [
+        (["convert", MOE, "OUT", "--scheme", "w4a8-mxfp4"], "BadParameter", 2, "did you mean 'w4a8-mxfp'?"),
+        (["convert", MOE, "OUT", "--scale-rule", "MSE"], "BadParameter", 2, "did you mean 'mse'?"),
+        (["convert", MOE, "OUT", "--sceme", "w4a8-mxfp"], "NoSuchOption", 2, None),
+        (["verify"], "MissingParameter", 2, None),
+        (["convert", MOE, "OUT", "--override", "model.layers.1.*=float"], "BadOptionError", 2,
+         "did you mean --override 'model.layers.1.*=FLOAT'? (TYPE is one of FLOAT, W8A8_MXFP8, W4A8_MXFP)"),
+        (["convert", MOE, "OUT", "--max-shard-size", "4g"], "BadOptionError", 2,
+         "use a number with an optional unit: 500MB, 2GiB, 0"),
+    ],
+)
+def test_usage_errors_print_the_error_envelope_with_json(tmp_path, args, error, exit_code, hint):
+    args = [tmp_path / "out" if a == "OUT" else a for a in args]
+    done = module_cli(*args, "--json", cwd=tmp_path)
+    assert done.returncode == exit_code, done.stderr
+    data = json.loads(done.stdout)
+    assert data == {"ok": False, "schema": 1, "command": args[0], "error": error, "message": data["message"],
+                    "hint": hint, "exit_code": exit_code}
+    assert data["message"] and data["message"] in done.stderr  # the same words for a person
+    if hint:
+        assert f"hint: {hint}" in done.stderr
+    plain = module_cli(*args, cwd=tmp_path)
+    assert plain.returncode == exit_code and plain.stdout == ""  # without --json, nothing on stdout
+    if error == "BadOptionError":
+        assert args[-2] in data["message"]  # the option is named
+
+
+def test_h_is_help_and_completion_is_offered():
+    for args in (["-h"], ["convert", "-h"], ["verify", "-h"]):
+        result = cli(*args)
+        assert result.exit_code == 0 and "Usage: " in result.stdout and "-h, --help" in result.stdout
+    assert "--install-completion" in cli("-h").stdout
+    shown = cli("--show-completion", "bash", env={"SHELL": "/bin/bash"})
+    assert shown.exit_code == 0 and "complete" in shown.stdout
+
+
+# --- inputs that are not what the command takes ------------------------------------------------
+
+
+def test_a_mistyped_local_path_is_not_called_a_cache_miss(tmp_path):
+    (tmp_path / "models" / "qwen3-moe-fp8").mkdir(parents=True)
+    done = module_cli("inspect", "models/qwen3-moe-fp9", "--json", cwd=tmp_path, env={**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub")})
+    data = json.loads(done.stdout)
+    assert (done.returncode, data["error"]) == (3, "NotFoundError") and "no such directory" in data["message"]
+    assert data["hint"] == "did you mean models/qwen3-moe-fp8?"
+    done = module_cli("inspect", "org/not-here", "--json", cwd=tmp_path, env={**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub")})
+    assert json.loads(done.stdout)["error"] == "NotCachedError"  # no local directory "org": a repo id
+
+
+def test_a_package_given_as_src_and_a_part_directory_are_named(tmp_path):
+    package = tmp_path / "pkg"
+    convert(MOE, package, ConvertOptions())
+    result = cli("convert", package, tmp_path / "again", "--json")
+    data = json.loads(result.stdout)
+    assert (result.exit_code, data["error"]) == (3, "PackageAsSourceError")
+    assert "this is an AscendV1 package" in data["message"] and "inspect or verify it" in data["hint"]
+    assert not (tmp_path / "again").exists()
+
+    part = tmp_path / "part2"
+    convert(MOE, part, ConvertOptions(part=(2, 3)))
+    for command in ("inspect", "verify"):
+        result = cli(command, part, "--json")
+        data = json.loads(result.stdout)
+        assert (result.exit_code, data["error"]) == (3, "PartDirectoryError")
+        assert f"{part}: part 2 of 3 of a `convert --part` run" in data["message"] and data["hint"].startswith("run assemble")
+
+
+# --- the package explains itself ---------------------------------------------------------------
+
+
+def cached_copy(tmp_path: Path, source: Path, repo: str, commit: str) -> Path:
+    """`source` as a snapshot of a Hugging Face cache under tmp_path/hub (files copied, not linked)."""
+    repo_dir = tmp_path / "hub" / ("models--" + repo.replace("/", "--"))
+    snapshot = repo_dir / "snapshots" / commit
+    shutil.copytree(source, snapshot)
+    (repo_dir / "refs").mkdir()
+    (repo_dir / "refs" / "main").write_text(commit)
+    return snapshot
+
+
+def front_matter(card: str) -> list[str]:
+    lines = card.splitlines()
+    assert lines[0] == "---"
+    return lines[1 : lines.index("---", 1)]
+
+
+def test_the_package_card_and_provenance_say_what_it_is(tmp_path):
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    cached_copy(tmp_path, MOE, "Qwen/Qwen3-Tiny-FP8", commit)
+    (tmp_path / "hub" / "models--Qwen--Qwen3-Tiny-FP8" / "snapshots" / commit / "README.md").write_text(
+        "---\nlicense: apache-2.0\nlanguage:\n- en\ntags:\n- fp8\n---\n\n# Qwen3 Tiny FP8\n\nThe original | card.\n"
+    )
+    out = tmp_path / "out"
+    result = cli("convert", "Qwen/Qwen3-Tiny-FP8@main", out, "--scheme", "w4a8-mxfp-moe", "--tp", "2", "--ep",
+                 "--override", "model.layers.1.mlp.experts.0.*=W8A8_MXFP8", "--quiet", env={"HF_HUB_CACHE": str(tmp_path / "hub")})
+    assert result.exit_code == 0, result.output
+    provenance = Provenance(json.loads((out / "ascendconv_provenance.json").read_text()))
+    assert provenance.hub == {"repo_id": "Qwen/Qwen3-Tiny-FP8", "revision": commit}
+    assert provenance.deployment == {"tp": 2, "ep": True, "shared_experts_as_routed": False}
+    assert provenance.overrides == ["model.layers.1.mlp.experts.0.*=W8A8_MXFP8"]
+    assert provenance.command == (
+        f"ascendconv convert Qwen/Qwen3-Tiny-FP8@{commit} OUT --scheme w4a8-mxfp-moe --scale-rule mse --resolve-dtype bf16 "
+        "--override 'model.layers.1.mlp.experts.0.*=W8A8_MXFP8' --tp 2 --ep"
+    )
+    assert provenance.date == "2025-12-01T21:30:00Z"  # SOURCE_DATE_EPOCH, as conftest pins it
+
+    card = (out / "README.md").read_text()
+    assert front_matter(card) == [
+        "base_model: Qwen/Qwen3-Tiny-FP8", "base_model_relation: quantized", "license: apache-2.0", "language:", "- en",
+        "library_name: vllm", "tags:", "- ascend", "- vllm-ascend", "- ascendconv", "- mx", "- quantized",
+        "- w8a8-mxfp8", "- w4a8-mxfp",
+    ]
+    assert "vllm serve PACKAGE_DIR --quantization ascend --tensor-parallel-size 2 --enable-expert-parallel\n" in card
+    assert f"ascendconv verify PACKAGE_DIR --source Qwen/Qwen3-Tiny-FP8@{commit}\n" in card
+    assert f"\n{provenance.command}\n" in card
+    assert "| `model.layers.*.mlp.experts.*.down_proj` | 8 | W4A8_MXFP 4, W8A8_MXFP8 4 |" in card
+    assert "(--override model.layers.1.mlp.experts.0.*=W8A8_MXFP8)" in card  # the override as given, not starred
+    assert card.endswith("# The source model's card\n\n# Qwen3 Tiny FP8\n\nThe original | card.\n")
+
+    inspected = cli("inspect", out).stdout
+    assert f"source            Qwen/Qwen3-Tiny-FP8 at revision {commit}, on 2025-12-01T21:30:00Z\n" in inspected
+    assert "planned for       --tp 2 --ep\n" in inspected and f"command           {provenance.command}\n" in inspected
+    verified = cli("verify", out)
+    assert verified.exit_code == 0 and "checked for --tp 2 --ep, as recorded at conversion" in verified.stdout
+    data = json.loads(cli("verify", out, "--json").stdout)
+    assert (data["options"]["tp"], data["options"]["ep"]) == (2, True)
+    data = json.loads(cli("verify", out, "--json", "--tp", "1", "--no-ep").stdout)
+    assert (data["options"]["tp"], data["options"]["ep"]) == (1, False)
+
+
+def test_without_source_date_epoch_only_the_date_differs(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "SOURCE_DATE_EPOCH"}
+    for name in ("a", "b"):
+        assert module_cli("convert", MOE, tmp_path / name, "--quiet", env=env).returncode == 0
+    files = sorted(p.name for p in (tmp_path / "a").iterdir())
+    assert files == sorted(p.name for p in (tmp_path / "b").iterdir())
+    for name in files:
+        a, b = (tmp_path / "a" / name).read_bytes(), (tmp_path / "b" / name).read_bytes()
+        if name == "ascendconv_provenance.json":
+            a, b = json.loads(a), json.loads(b)
+            assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", a.pop("date")) and b.pop("date")
+        assert a == b, name
+
+
+def test_a_card_is_written_where_the_source_has_none(tmp_path):
+    source = tmp_path / "src"
+    shutil.copytree(MOE, source)
+    (source / "README.md").unlink()
+    convert(source, tmp_path / "out", ConvertOptions())
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "base_model" not in card and card.startswith("---\nlibrary_name: vllm\n")
+    assert "The source model's card" not in card and "# src, AscendV1 W8A8_MXFP8" in card
+
+
+def test_the_recorded_command_leaves_out_what_does_not_shape_the_bytes():
+    options = ConvertOptions(workers=3, resume=True, part=(1, 2), overwrite=True, kernel="reference", max_shard_size=10**6)
+    assert convert_command("my ckpt", options) == (
+        "ascendconv convert 'my ckpt' OUT --scheme w8a8-mxfp8 --scale-rule mse --resolve-dtype bf16 --max-shard-size 1000000"
+    )
+
+
+# --- pipes -------------------------------------------------------------------------------------
+
+
+def test_in_a_pipe_no_line_is_wrapped_or_padded(tmp_path):
+    package = tmp_path / "pkg"
+    convert(MOE, package, ConvertOptions(scheme="w4a8-mxfp-moe"))
+    for args in (["inspect", package], ["inspect", MOE], ["verify", package, "--source", MOE],
+                 ["convert", MOE, tmp_path / "dry", "--dry-run"]):
+        done = module_cli(*args, env={**os.environ, "COLUMNS": "80"})
+        assert done.returncode == 0, done.stderr
+        lines = done.stdout.splitlines()
+        assert [line for line in lines if line != line.rstrip()] == []
+        assert any(len(line) > 80 for line in lines) or args[0] == "convert"
+    verify_lines = module_cli("verify", package, "--source", MOE).stdout.splitlines()
+    assert verify_lines[0].startswith(f"verify {package}  (ascendconv ") and verify_lines[0].endswith(")")  # one line
