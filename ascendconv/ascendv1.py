@@ -332,6 +332,7 @@ class Provenance:
     raw: dict
 
     SETTINGS = ("version", "scheme", "scale_rule", "resolve_dtype", "kernel")  # how the package was made
+    FALLBACK_KEYS = ("module", "requested", "written", "reason")
 
     tool = _text_field("tool")
     version = _text_field("version")
@@ -382,6 +383,11 @@ class Provenance:
             "overrides": self.overrides,
             "command": self.command,
             "date": self.date,
+            "fallbacks": [
+                {key: f[key] for key in self.FALLBACK_KEYS}
+                for f in self.fallbacks or []
+                if isinstance(f, dict) and all(isinstance(f.get(key), str) for key in self.FALLBACK_KEYS)
+            ],
         }
 
     def origin(self) -> str:

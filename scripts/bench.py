@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import statistics
@@ -54,21 +53,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import ml_dtypes
-import numpy as np
 
-from ascendconv.io.writer import ShardWriter, TensorSpec
+from synthetic_checkpoint import BLOCK, Shape, build, code_table, tensor_bytes  # noqa: F401 (bench_slice's too)
 
 REPO = Path(__file__).resolve().parent.parent
 BUILD_VERSION = 1  # bump when the generator changes: the cache key includes it
-BLOCK = 128
-HIDDEN = 4096
-VOCAB = 8192
-DENSE_INTERMEDIATE = 10944  # DeepSeek-V2-Lite's: 85.5 tiles of 128
-EXPERTS = 16
-MOE_INTERMEDIATE = 1408  # 11 tiles of 128
-SHARD_BYTES = 512 * 2**20
-SIGMA_CODES = 448.0 / 4.6  # a Gaussian tile whose largest |w| (about 4.6 sigma) maps to 448
 SCHEMES = ("w8a8-mxfp8", "w4a8-mxfp", "w4a16-mxfp4-moe", "w4a4-mxfp4")
 # wall, to `cp -r` + sync of the same source; w4a4-mxfp4 runs w4a8-mxfp's E2M1 kernel everywhere,
 # w4a16-mxfp4-moe w4a8-mxfp-moe's mix (E2M1 experts, E4M3 rest)
@@ -88,148 +77,14 @@ TARGET_SOURCE_MB_S = {"verify --source": 500.0, "verify --source --exact-full": 
 TARGET_COMPILE_S = 4.0
 
 
-# --- the synthetic checkpoint ------------------------------------------------------------------
+# --- the synthetic checkpoint: scripts/synthetic_checkpoint.py at its default shape ------------------
 
-
-def layer_linears(layer: int) -> list[tuple[str, int, int]]:
-    """(module prefix, N, K) of one decoder layer; layer 0 is dense, the others MoE."""
-    p = f"model.layers.{layer}"
-    mods = [
-        (f"{p}.self_attn.q_a_proj", 1536, HIDDEN),
-        (f"{p}.self_attn.kv_a_proj_with_mqa", 576, HIDDEN),  # ragged: 4.5 tile rows
-        (f"{p}.self_attn.q_b_proj", 3072, 1536),
-        (f"{p}.self_attn.kv_b_proj", 4096, 512),  # stays FLOAT: resolved to BF16
-        (f"{p}.self_attn.o_proj", HIDDEN, HIDDEN),
-    ]
-    if layer == 0:
-        i = DENSE_INTERMEDIATE
-        mods += [(f"{p}.mlp.gate_proj", i, HIDDEN), (f"{p}.mlp.up_proj", i, HIDDEN), (f"{p}.mlp.down_proj", HIDDEN, i)]
-        return mods
-    experts = [f"{p}.mlp.experts.{e}" for e in range(EXPERTS)] + [f"{p}.mlp.shared_experts"]
-    for e in experts:
-        i = MOE_INTERMEDIATE
-        mods += [(f"{e}.gate_proj", i, HIDDEN), (f"{e}.up_proj", i, HIDDEN), (f"{e}.down_proj", HIDDEN, i)]
-    return mods
-
-
-def layer_bytes(layer: int) -> int:
-    return sum(n * k for _, n, k in layer_linears(layer))
-
-
-def layer_count(size_bytes: float) -> int:
-    rest = size_bytes - 2 * VOCAB * HIDDEN * 2 - layer_bytes(0)
-    return 1 + max(0, round(rest / layer_bytes(1)))
-
-
-def tensors_of(layers: int) -> list[tuple[str, str, tuple[int, ...]]]:
-    """(name, dtype, shape) of every tensor, in file order; a weight's scale follows it."""
-    out = [("model.embed_tokens.weight", "BF16", (VOCAB, HIDDEN))]
-    for layer in range(layers):
-        p = f"model.layers.{layer}"
-        out.append((f"{p}.input_layernorm.weight", "BF16", (HIDDEN,)))
-        out.append((f"{p}.post_attention_layernorm.weight", "BF16", (HIDDEN,)))
-        out.append((f"{p}.self_attn.q_a_layernorm.weight", "BF16", (1536,)))
-        out.append((f"{p}.self_attn.kv_a_layernorm.weight", "BF16", (512,)))
-        if layer > 0:
-            out.append((f"{p}.mlp.gate.weight", "BF16", (EXPERTS, HIDDEN)))
-            out.append((f"{p}.mlp.gate.e_score_correction_bias", "F32", (EXPERTS,)))
-        for prefix, n, k in layer_linears(layer):
-            out.append((prefix + ".weight", "F8_E4M3", (n, k)))
-            out.append((prefix + ".weight_scale_inv", "F32", (math.ceil(n / BLOCK), math.ceil(k / BLOCK))))
-    out.append(("model.norm.weight", "BF16", (HIDDEN,)))
-    out.append(("lm_head.weight", "BF16", (VOCAB, HIDDEN)))
-    return out
-
-
-def code_table() -> np.ndarray:
-    """65536 E4M3 codes: the inverse CDF of N(0, SIGMA_CODES**2) at the midpoints of 65536 bins."""
-    from statistics import NormalDist
-
-    p = (np.arange(65536) + 0.5) / 65536
-    z = np.array([NormalDist().inv_cdf(float(x)) for x in p[:32768]])
-    z = np.concatenate([z, -z[::-1]])
-    values = np.clip(z * SIGMA_CODES, -448, 448).astype(np.float32)
-    return values.astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
-
-
-def tensor_bytes(rng, table, name: str, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
-    count = math.prod(shape)
-    if dtype == "F8_E4M3":
-        return table[rng.integers(0, 65536, count, dtype=np.uint16)]
-    if dtype == "F32" and name.endswith("_scale_inv"):  # tile scales of a weight with sigma 0.02
-        return (0.02 / SIGMA_CODES * rng.lognormal(0.0, 0.25, count)).astype(np.float32)
-    if dtype == "F32":
-        return (rng.standard_normal(count) * 0.01).astype(np.float32)
-    if name.endswith("norm.weight"):
-        return np.ones(count, ml_dtypes.bfloat16)
-    return (rng.standard_normal(count) * 0.02).astype(np.float32).astype(ml_dtypes.bfloat16)
-
-
-def config_json(layers: int) -> dict:
-    return {
-        "architectures": ["DeepseekV3ForCausalLM"],
-        "model_type": "deepseek_v3",
-        "hidden_size": HIDDEN,
-        "intermediate_size": DENSE_INTERMEDIATE,
-        "moe_intermediate_size": MOE_INTERMEDIATE,
-        "n_routed_experts": EXPERTS,
-        "n_shared_experts": 1,
-        "num_hidden_layers": layers,
-        "first_k_dense_replace": 1,
-        "q_lora_rank": 1536,
-        "kv_lora_rank": 512,
-        "vocab_size": VOCAB,
-        "torch_dtype": "bfloat16",
-        "quantization_config": {
-            "quant_method": "fp8",
-            "fmt": "e4m3",
-            "activation_scheme": "dynamic",
-            "weight_block_size": [BLOCK, BLOCK],
-        },
-    }
+SHAPE = Shape()
+SHARD_BYTES = SHAPE.shard_bytes
 
 
 def build_checkpoint(root: Path, size_gb: float) -> None:
-    """Write the checkpoint into a temporary sibling, then rename it into place."""
-    layers = layer_count(size_gb * 1e9)
-    tensors = tensors_of(layers)
-    shards: list[list] = [[]]
-    size = 0
-    i = 0
-    while i < len(tensors):
-        unit = tensors[i : i + 2] if tensors[i][1] == "F8_E4M3" else tensors[i : i + 1]  # weight + scale together
-        unit_size = sum(math.prod(s) * (1 if d == "F8_E4M3" else 2 if d == "BF16" else 4) for _, d, s in unit)
-        if shards[-1] and size + unit_size > SHARD_BYTES:
-            shards.append([])
-            size = 0
-        shards[-1].extend(unit)
-        size += unit_size
-        i += len(unit)
-    partial = root.parent / (root.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    rng = np.random.default_rng(20260501)
-    table = code_table()
-    weight_map = {}
-    total = 0
-    started = time.perf_counter()
-    for number, members in enumerate(shards, 1):
-        file = f"model-{number:05d}-of-{len(shards):05d}.safetensors"
-        writer = ShardWriter(partial / file, [TensorSpec(n, d, s) for n, d, s in members], {"format": "pt"})
-        for name, dtype, shape in members:
-            data = tensor_bytes(rng, table, name, dtype, shape)
-            writer.write(name, data)
-            weight_map[name] = file
-            total += data.nbytes
-        writer.close()
-        print(f"  {file}: {len(members)} tensors", file=sys.stderr, flush=True)
-    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-    (partial / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-    (partial / "config.json").write_text(json.dumps(config_json(layers), indent=2) + "\n")
-    (partial / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": 1}) + "\n")
-    os.sync()
-    partial.rename(root)
-    print(f"  built {total / 1e9:.2f} GB in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    build(root, SHAPE, SHAPE.layer_count(size_gb * 1e9), log=lambda line: print(line, file=sys.stderr, flush=True))
 
 
 def derive_source(source: Path, kind: str) -> Path:

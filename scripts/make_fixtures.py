@@ -742,8 +742,10 @@ def main(out_dir: str | Path | None = None) -> list[Path]:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 2:
-        sys.exit(f"usage: {sys.argv[0]} [OUT_DIR]")
-    for path in main(sys.argv[1] if len(sys.argv) == 2 else None):
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out_dir", nargs="?", metavar="OUT_DIR", help="where to write them (default: <repo>/fixtures)")
+    for path in main(parser.parse_args().out_dir):
         size = sum(f.stat().st_size for f in path.iterdir())
         print(f"{path}: {size} bytes")

@@ -55,6 +55,12 @@ def verify_command(
     npu_tol: float = typer.Option(DEFAULTS.npu_tol, help="Largest rel. error of the NPU output against the CPU reference."),
     seed: int = typer.Option(DEFAULTS.seed, help="Seed of the sampled rows, activations and routing."),
     top: int = typer.Option(10, help="Worst tensors shown."),
+    report_file: Optional[Path] = typer.Option(
+        None, "--report", metavar="FILE", help="Also write the report as FILE.html (self-contained page) or FILE.md."
+    ),
+    step_summary: bool = typer.Option(
+        False, "--step-summary", help="Append the Markdown report to $GITHUB_STEP_SUMMARY (when set: a GitHub Actions job)."
+    ),
     as_json: AsJson = False,
     quiet: Quiet = False,
 ) -> None:
@@ -67,6 +73,9 @@ def verify_command(
     from ascendconv.io.hfcache import resolve_source
     from ascendconv.verify import verify
 
+    from ascendconv.cli.reports import check_report_path, write_reports
+
+    renderer = run(lambda: check_report_path(report_file), as_json, "verify") if report_file is not None else None
     recorded = recorded_deployment(package) if tp is None or ep is None else None
 
     def action():
@@ -97,6 +106,7 @@ def verify_command(
             return verify(package, options, progress, notice)
 
     report = run(action, as_json, "verify")
+    run(lambda: write_reports(report.to_dict(), report_file, renderer, step_summary), as_json, "verify")
     if as_json:
         print_json(report, "verify")
     else:

@@ -131,7 +131,7 @@ class VerifyReport:
             "tensors": [t.to_dict() for t in self.tensors],
             "moe": [m.to_dict() for m in self.moe],
             "npu": [n.to_dict() for n in self.npu],
-            "provenance": Provenance(self.provenance).settings() if self.provenance else None,
+            "provenance": Provenance(self.provenance).details() if self.provenance else None,
             "options": options,
             "seconds": round(self.seconds, 3),
         }

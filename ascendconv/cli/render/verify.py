@@ -6,7 +6,10 @@ from rich.console import Console
 from rich.markup import escape
 
 from ascendconv.ascendv1 import Provenance
-from ascendconv.cli.render.tables import print_table, section
+from ascendconv.cli.render.tables import elide_name, print_table, section
+
+BLOCKS = "▁▂▃▄▅▆▇█"
+STRIP_LOW_DB, STRIP_HIGH_DB = 10.0, 40.0  # the HTML report's colour scale
 
 
 def _db(x) -> str:
@@ -40,6 +43,7 @@ def render_verify(report, out: Console, top: int = 10, quiet: bool = False, depl
         if check.hint:
             out.print(f"  [dim]hint:[/] {escape(check.hint)}", highlight=False)
     if report.tensors and not quiet:
+        layer_strip(report.to_dict(), out)
         section(out, f"worst {min(top, len(report.tensors))} of {len(report.tensors)} weights")
         rows = [
             [t.name, t.type, _db(t.sqnr_db), f"{t.rel_err:.4f}", f"{t.max_abs:.3g}", f"{t.saturated:.2%}", _yes(t.ok)]
@@ -71,3 +75,40 @@ def render_verify(report, out: Console, top: int = 10, quiet: bool = False, depl
     else:
         names = ", ".join(c.name for c in report.failed)
         out.print(f"[bold red]FAILED[/]: {len(report.failed)} check(s) failed: {names}", highlight=False)
+
+
+def layer_strip(data: dict, out: Console) -> None:
+    """The heat map of the HTML report in one line per module kind: a character per layer, its
+    height the worst SQNR of that layer's weights of the kind, '!' where one is below its threshold."""
+    import math
+
+    from ascendconv.cli.render.report_data import OUTSIDE, layer_grid
+
+    grid = layer_grid(data)
+    rows = [r for r in grid.rows if r != OUTSIDE]
+    if not rows:
+        return
+    section(out, f"worst SQNR per layer, {rows[0]} to {rows[-1]} left to right "
+                 f"({BLOCKS[0]} {STRIP_LOW_DB:.0f} dB or less … {BLOCKS[-1]} {STRIP_HIGH_DB:.0f} dB or more, = exact, ! failed)")
+    label_width = max(len(k) for k in grid.kinds)
+    if out.is_terminal:
+        label_width = min(label_width, max(12, out.width - len(rows) - 18))
+    for kind in grid.kinds:
+        marks, worst = [], None
+        for row in rows:
+            cell = grid.cells.get((row, kind))
+            if cell is None:
+                marks.append(" ")
+                continue
+            if worst is None or cell.worst_db < worst[0]:
+                worst = (cell.worst_db, row)
+            if cell.failed:
+                marks.append("!")
+            elif not math.isfinite(cell.worst_db):
+                marks.append("=")
+            else:
+                share = (min(max(cell.worst_db, STRIP_LOW_DB), STRIP_HIGH_DB) - STRIP_LOW_DB) / (STRIP_HIGH_DB - STRIP_LOW_DB)
+                marks.append(BLOCKS[min(len(BLOCKS) - 1, int(share * len(BLOCKS)))])
+        label = elide_name(kind, label_width) if out.is_terminal else kind
+        low = "" if worst is None else ("  exact" if not math.isfinite(worst[0]) else f"  {worst[0]:.1f} dB (layer {worst[1]})")
+        out.print(f"{label:<{label_width}}  {''.join(marks)}{low}", markup=False, highlight=False)
