@@ -5,7 +5,7 @@ Converts each fixture under each scheme and rule into a temporary directory, run
 of the quantized weights against the BF16-resolved source, per written type (mean over tensors, and
 the worst tensor), with the worst MoE layer's output error (the chain each expert type runs: MXFP8,
 BF16 or MXFP4 activations), then a summary per type and rule. docs/accuracy.md holds the output,
-the README the summary. It exits 1 when a package fails verify:
+docs/scale-rules.md the summary. It exits 1 when a package fails verify:
 
     python scripts/measure_errors.py [--fixtures DIR] [--json]
 """
