@@ -288,3 +288,33 @@ def test_in_a_pipe_no_line_is_wrapped_or_padded(tmp_path):
         assert any(len(line) > 80 for line in lines) or args[0] == "convert"
     verify_lines = module_cli("verify", package, "--source", MOE).stdout.splitlines()
     assert verify_lines[0].startswith(f"verify {package}  (ascendconv ") and verify_lines[0].endswith(")")  # one line
+
+
+# --- the scripts a user runs -------------------------------------------------------------------
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+
+
+def test_make_fixtures_help_creates_nothing(tmp_path):
+    done = subprocess.run([sys.executable, str(SCRIPTS / "make_fixtures.py"), "--help"], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=60)
+    assert done.returncode == 0 and "usage: make_fixtures.py [-h] [OUT_DIR]" in done.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_synthetic_checkpoint_generator_writes_what_convert_takes(tmp_path):
+    src = tmp_path / "synthetic"
+    argv = [sys.executable, str(SCRIPTS / "synthetic_checkpoint.py"), str(src), "--layers", "3", "--hidden", "256",
+            "--experts", "4", "--moe-intermediate", "128", "--dense-intermediate", "384", "--vocab", "64",
+            "--q-lora-rank", "128", "--kv-lora-rank", "128", "--shard-mb", "1"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 2 and "exists" in again.stderr  # never over an existing directory
+    config = json.loads((src / "config.json").read_text())
+    assert (config["num_hidden_layers"], config["n_routed_experts"], config["hidden_size"]) == (3, 4, 256)
+    assert len(list(src.glob("model-*.safetensors"))) > 1 and not (tmp_path / "synthetic.partial").exists()
+    result = convert(src, tmp_path / "out", ConvertOptions(scheme="w4a8-mxfp-moe"))
+    groups = result.plan.module_groups()
+    assert groups["model.layers.*.mlp.experts.*.down_proj"] == {"W4A8_MXFP": 8}  # 2 MoE layers x 4 experts
+    assert groups["model.layers.*.self_attn.kv_b_proj"] == {"FLOAT": 3}  # DeepSeek's rules keep it FLOAT

@@ -7,7 +7,6 @@ Success: `{"ok": <the command's verdict>, "schema": 1, "command": NAME, ...its f
 
 from __future__ import annotations
 
-import difflib
 import json
 import re
 
@@ -34,6 +33,8 @@ def dump_envelope(document: dict, indent: int | None = None) -> None:
 
 def closest(value: str, choices) -> str | None:
     """The choice `value` most likely meant (a typo, another case), or None."""
+    import difflib
+
     choices = [str(c) for c in choices]
     folded = {c.lower(): c for c in choices}
     if value.lower() in folded:

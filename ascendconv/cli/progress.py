@@ -7,7 +7,6 @@ import time
 from typing import Callable
 
 from ascendconv.cli.console import err
-from ascendconv.cli.render.tables import human_bytes
 
 HEARTBEAT_SECONDS = 30.0  # a CI log gets a line at least this often, and one per finished shard
 
@@ -47,6 +46,8 @@ class Heartbeat:
             self.bytes(done, total)
 
     def line(self, unit_bytes: bool = True) -> str:
+        from ascendconv.cli.render.tables import human_bytes  # rich's tables: loaded only when a line is due
+
         elapsed = max(self.clock() - self.started, 1e-9)
         parts = []
         if self.shards:
@@ -82,6 +83,8 @@ def byte_progress(quiet: bool, label: str):
         return None, beat.bytes, beat.shard
     from rich.progress import BarColumn, DownloadColumn, Progress, ProgressColumn, TimeRemainingColumn
     from rich.text import Text
+
+    from ascendconv.cli.render.tables import human_bytes
 
     class BinaryRateColumn(ProgressColumn):
         def render(self, task) -> Text:
