@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import gc
+import os
 import signal
 import sys
 from typing import Callable
@@ -49,6 +50,9 @@ class CommandLine(TyperGroup):
             sys.exit(exc.exit_code)
         except typer.Abort:
             typer.echo("Aborted!", err=True)
+            sys.exit(1)
+        except BrokenPipeError:  # `ascendconv inspect X | head`: the reader left; say nothing more
+            sys.stdout = open(os.devnull, "w")
             sys.exit(1)
         sys.exit(code if isinstance(code, int) else 0)
 
