@@ -82,7 +82,7 @@ def _render_inspect_summary(report, console: Console) -> None:
                 )
             )
             hub = prov["hub"]
-            source = f"{hub['repo_id']} at revision {hub['revision']}" if hub else prov["source"]
+            source = f"{hub['repo_id']} at revision {hub['revision']}" if hub else str(prov["source"])
             facts.append(("source", source + (f", on {prov['date']}" if prov["date"] else "")))
             if prov["deployment"]:
                 facts.append(("planned for", deployment_flags(prov["deployment"])))
