@@ -245,7 +245,8 @@ def model_card(plan: Plan, provenance: ProvenanceRecord, original: str | None) -
         "",
         f"An AscendV1 MX package of `{_cell(name)}`" + (f" (revision `{hub.revision}`)" if hub else "")
         + f", written by ascendconv {provenance.version} for vllm-ascend on Ascend 950 NPUs. "
-        "The weights are re-quantized from the block-FP8 source; the model's own card follows below.",
+        f"The weights are quantized to MX from the source (read as `{_cell(provenance.source.format)}`); "
+        "the model's own card follows below.",
         "",
         "| | |",
         "|---|---|",
@@ -285,7 +286,7 @@ def model_card(plan: Plan, provenance: ProvenanceRecord, original: str | None) -
         if len(merged) > CARD_FALLBACKS_LISTED:
             lines.append(f"\n… and {len(merged) - CARD_FALLBACKS_LISTED} more kinds: every fallback is in `{PROVENANCE_NAME}`.")
     else:
-        lines.append("None: every FP8 linear is written in the type the scheme asks for.")
+        lines.append("None: every quantizable linear is written in the type the scheme asks for.")
     lines += ["", "## Reproduce", "", "```", provenance.command, "```", ""]
     if original_text.strip():
         lines += ["---", "", "# The source model's card", "", original_text.rstrip("\n"), ""]

@@ -210,7 +210,7 @@ def _fallbacks_and_float(report: dict) -> str:
         rows = [[f"<code>{e(p)}</code>", str(n), f"{e(req)} → {e(wr)}", e(reason)] for p, n, req, wr, reason in groups]
         out += _table(["module", "modules", "type", "reason"], rows, (1,))
     else:
-        out += '<p class="muted">None recorded: every FP8 linear is written as the scheme asks.</p>'
+        out += '<p class="muted">None recorded: every quantizable linear is written as the scheme asks.</p>'
     floats = float_modules(report)
     if floats:
         rows = [[f"<code>{e(p)}</code>", str(n), str(exact)] for p, n, exact in floats]
