@@ -24,11 +24,16 @@ class Heartbeat:
 
     def __init__(self, label: str, write: Callable[[str], None], clock: Callable[[], float] = time.monotonic):
         self.label, self.write, self.clock = label, write, clock
-        self.started = self.last = clock()
+        self.last = clock()
+        # the rate counts from the first report: the time before it went into start-up and compiling
+        self.started: float | None = None
+        self.base = 0  # what was done at `started`
         self.done, self.total = 0, 0
         self.shards: tuple[int, int] | None = None
 
     def bytes(self, done: int, total: int) -> None:
+        if self.started is None:
+            self.started, self.base = self.clock(), done
         self.done, self.total = done, total
         if self.clock() - self.last >= HEARTBEAT_SECONDS:
             self.beat()
@@ -40,7 +45,7 @@ class Heartbeat:
     def phase(self, phase: str, done: int, total: int) -> None:
         """verify's progress: a new phase gets a line at once, then every HEARTBEAT_SECONDS."""
         if phase != self.label:
-            self.label, self.started, self.done, self.total = phase, self.clock(), done, total
+            self.label, self.started, self.base, self.done, self.total = phase, self.clock(), done, done, total
             self.beat()
         else:
             self.bytes(done, total)
@@ -48,7 +53,7 @@ class Heartbeat:
     def line(self, unit_bytes: bool = True) -> str:
         from ascendconv.cli.render.tables import human_bytes  # rich's tables: loaded only when a line is due
 
-        elapsed = max(self.clock() - self.started, 1e-9)
+        elapsed = 0.0 if self.started is None else self.clock() - self.started
         parts = []
         if self.shards:
             parts.append(f"shard {self.shards[0]}/{self.shards[1]}")
@@ -57,8 +62,8 @@ class Heartbeat:
             parts.append(f"{show(self.done)} of {show(self.total)} ({100 * self.done / self.total:.0f}%)")
         elif self.done:
             parts.append(show(self.done))
-        if self.done and elapsed >= 1:
-            rate = self.done / elapsed
+        if self.done > self.base and elapsed >= 1:
+            rate = (self.done - self.base) / elapsed
             parts.append(f"{human_bytes(rate)}/s" if unit_bytes else f"{rate:,.1f}/s")
             if self.total > self.done:
                 parts.append(f"ETA {_eta((self.total - self.done) / rate)}")
