@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from ascendconv.ascendv1 import DESCRIPTION_NAME
-from ascendconv.errors import BadOptionError
+from ascendconv.errors import BadOptionError, InputError
 from ascendconv.io.files import file_size, mapped_reads_guarded
 from ascendconv.io.package import refuse_package_as_source
 from ascendconv.io.outdir import STAGING_TAG, StagedOutput, check_output, signals_interrupt, stale_siblings
@@ -78,8 +78,13 @@ def convert(
     """`on_shard(closed, count)` is told as each of the run's shards is finished (a CI heartbeat)."""
     started = time.perf_counter()
     out = Path(out)
-    refuse_package_as_source(Path(src))
-    source = open_source(src)
+    try:
+        source = open_source(src)
+    except InputError:
+        # a package's own files in a source that opens are stray copies (left out, see plan.py), but
+        # a package given as SRC fails to open as a source: say what it is instead
+        refuse_package_as_source(Path(src))
+        raise
     try:
         plan = plan_for(source, options)
         wanted = part_shards(plan, options.part)
