@@ -53,7 +53,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 
+from ascendconv.io.writer import ShardWriter, TensorSpec
 from synthetic_checkpoint import BLOCK, Shape, build, code_table, tensor_bytes  # noqa: F401 (bench_slice's too)
 
 REPO = Path(__file__).resolve().parent.parent
