@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ascendconv.ascendv1 import Provenance
+from ascendconv.ascendv1 import QUANT_TYPES, Provenance
 from ascendconv.cli import app
 from ascendconv.cli.progress import HEARTBEAT_SECONDS, Heartbeat
 from ascendconv.convert import ConvertOptions, convert
@@ -119,7 +119,7 @@ def test_every_command_answers_json_in_one_envelope(tmp_path):
         (["convert", MOE, "OUT", "--sceme", "w4a8-mxfp"], "NoSuchOption", 2, None),
         (["verify"], "MissingParameter", 2, None),
         (["convert", MOE, "OUT", "--override", "model.layers.1.*=float"], "BadOptionError", 2,
-         "did you mean --override 'model.layers.1.*=FLOAT'? (TYPE is one of FLOAT, W8A8_MXFP8, W4A8_MXFP)"),
+         f"did you mean --override 'model.layers.1.*=FLOAT'? (TYPE is one of {', '.join(QUANT_TYPES)})"),
         (["convert", MOE, "OUT", "--max-shard-size", "4g"], "BadOptionError", 2,
          "use a number with an optional unit: 500MB, 2GiB, 0"),
     ],
