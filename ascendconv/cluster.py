@@ -105,8 +105,9 @@ def convert_on_ray(
         with output_errors(out), signals_interrupt(), StagedOutput(out, check) as staged:
             directories = [staged.staging / f".part-{i}-of-{count}" for i in range(1, count + 1)]
             reused = run_parts(ray, root, directories, options, ray_options, total, progress)
-            parts = checked_parts(directories, options.workers)
-            bytes_written, _ = assemble_into(staged.staging, parts)
+            checked = checked_parts(directories, options.workers)
+            parts = checked.parts
+            bytes_written, _ = assemble_into(staged.staging, parts, checked.identities)
             for leftover in staged.staging.glob(".*"):  # the parts (their shards are linked) and their locks
                 shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
             staged.publish()

@@ -22,7 +22,15 @@ from ascendconv.package_files import copied_file_digests, provenance_record, wri
 from ascendconv.parts import PART_MANIFEST_NAME, part_shards, write_part_manifest
 from ascendconv.pipeline import Kernel, Notice, Progress, write_shards
 from ascendconv.plan import Plan, Planner
-from ascendconv.resume import LEDGER_NAME, Ledger, adopter, plan_identity, recorded_shards, verify_in_background
+from ascendconv.resume import (
+    LEDGER_NAME,
+    Ledger,
+    adopter,
+    plan_identity,
+    recorded_shards,
+    unchanged_shards,
+    verify_in_background,
+)
 from ascendconv.sources import Source, open_source
 
 
@@ -147,10 +155,11 @@ def resume_shards(
     staging = staged.staging
     recorded = recorded_shards(staging, [plan.shards[i].file for i in wanted]) if staged.resumed else {}
     ledger = Ledger(staging, identity, recorded)
-    verified = verify_in_background(staging, recorded)
+    trusted = unchanged_shards(staging, recorded)
+    verified = verify_in_background(staging, {n: e["digest"] for n, e in recorded.items() if n not in trusted})
     todo = [i for i in wanted if plan.shards[i].file not in recorded]
     digests = write_shards(source, plan, kernel, staging, workers, progress, todo, ledger.record)
-    reused = verified()
+    reused = {**trusted, **verified()}
     again = [i for i in wanted if plan.shards[i].file in recorded and plan.shards[i].file not in reused]
     for i in again:
         ledger.forget(plan.shards[i].file)

@@ -214,6 +214,20 @@ class IncompleteMoEError(InputError):
     default_hint = "the checkpoint is incomplete or its config.json disagrees with it; download it again"
 
 
+class CopiedFileError(InputError):
+    default_hint = (
+        "a file the package carries from the source (config, tokenizer, code) must be a regular file: "
+        "replace it with one, or remove it from the source"
+    )
+
+
+class ResumeLedgerError(InputError):
+    default_hint = (
+        "the kept work's ledger is not one ascendconv wrote: remove that staging directory, or pass "
+        "--overwrite to discard it and start afresh"
+    )
+
+
 class PackageError(InputError):
     default_hint = "pass a directory written by `ascendconv convert`"
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 from pathlib import Path
 
 from ascendconv import __version__
@@ -18,7 +17,9 @@ from ascendconv.ascendv1 import (
     SourceFileRecord,
     SourceRecord,
 )
+from ascendconv.errors import CopiedFileError
 from ascendconv.io.checksum import CHECKSUM
+from ascendconv.io.files import copy_regular
 from ascendconv.io.safetensors import nonfinite_count
 from ascendconv.pipeline import COPY_CHUNK_BYTES
 from ascendconv.plan import OutputKind, Plan
@@ -73,7 +74,7 @@ def nonfinite_copies(source: Source, plan: Plan) -> dict[str, int]:
 
 def copied_file_digests(source: Source, plan: Plan) -> dict[str, str]:
     """sha256 of each source file the package copies (configs, tokenizer: small files)."""
-    return {name: sha256_hex(Path(os.path.realpath(source.root / name)).read_bytes()) for name in plan.copied_files}
+    return {name: copy_regular(Path(os.path.realpath(source.root / name)), None, CopiedFileError) for name in plan.copied_files}
 
 
 def write_plan_files(source: Source, plan: Plan, staging: Path) -> list[str]:
@@ -89,7 +90,7 @@ def write_plan_files(source: Source, plan: Plan, staging: Path) -> list[str]:
             dump_json(staging / name, strip_quantization_config(source.config))
         else:
             # the real path was checked to stay inside the source; copy that, not the link
-            shutil.copyfile(os.path.realpath(source.root / name), staging / name)
+            copy_regular(Path(os.path.realpath(source.root / name)), staging / name, CopiedFileError)
         written.append(name)
     return written
 

@@ -24,7 +24,7 @@ import threading
 from pathlib import Path
 from typing import Callable, Iterator, NoReturn
 
-from ascendconv.errors import Interrupted, OutputBusyError, OutputExistsError, UnsafeOutputError
+from ascendconv.errors import AscendconvError, Interrupted, OutputBusyError, OutputExistsError, UnsafeOutputError
 from ascendconv.io.files import is_within
 
 STAGING_TAG = ".ascendconv-staging-"
@@ -299,10 +299,16 @@ class StagedOutput:
                     directory.rmdir()
         if isinstance(exc, KeyboardInterrupt):
             exc.outcome = self.outcome  # type: ignore[attr-defined]
+        elif isinstance(exc, AscendconvError) and self._kept():
+            kept = f"finished shards are kept in {self.staging}: the same command with --resume reuses them"
+            exc.hint = f"{exc.hint}; {kept}" if exc.hint else kept
+
+    def _kept(self) -> bool:
+        return not self.published and self.resume is not None and self.staging is not None and self.staging.is_dir()
 
     @property
     def outcome(self) -> str:
-        if not self.published and self.resume is not None and self.staging is not None:
+        if self._kept():
             return f"nothing was written at {self.out}; finished shards are kept in {self.staging} for --resume"
         if not self.published:
             return f"nothing was written at {self.out}"

@@ -1,0 +1,213 @@
+"""Files of ours that someone else may have replaced or planted (a kept staging, its ledger, a part's
+manifest and shards, a copied source file, an HF refs/ file): never followed through a symlink where
+we write, never read from a FIFO or a device, bounded in size and depth, each ending at once in a
+named error; and nothing half-written at OUT."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ascendconv.assemble import link_or_copy
+from ascendconv.cli import app
+from ascendconv.convert import ConvertOptions, convert
+from ascendconv.errors import CopiedFileError, NotCachedError, PartError, ResumeLedgerError, ShardChecksumError
+from ascendconv.io.files import copy_regular, read_regular_bytes
+from ascendconv.io.hfcache import resolve_source
+from ascendconv.io.outdir import STAGING_TAG
+from ascendconv.resume import LEDGER_NAME, write_json_atomic
+from conftest import FIXTURES
+from robust_helpers import run_cli
+
+runner = CliRunner()
+DENSE = "qwen3-dense-fp8"
+SHARD_LIMIT = 150_000  # the dense fixture in 4 to 6 shards
+DEEP = b"[" * 100_000 + b"]" * 100_000
+
+
+def plant(path: Path, kind: str) -> None:
+    """Put a FIFO, a link to /dev/zero or JSON nested 100,000 deep where a file of ours should be."""
+    path.unlink(missing_ok=True)
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "zero":
+        path.symlink_to("/dev/zero")
+    else:
+        path.write_bytes(DEEP)
+
+
+def test_regular_reads_refuse_fifos_devices_links_and_size(tmp_path):
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "zero").symlink_to("/dev/zero")
+    (tmp_path / "big").write_bytes(b"x" * 101)
+    (tmp_path / "link").symlink_to(tmp_path / "big")
+    with pytest.raises(CopiedFileError, match="is a FIFO"):
+        read_regular_bytes(tmp_path / "fifo", 100, CopiedFileError)
+    with pytest.raises(CopiedFileError, match="is a character device"):
+        copy_regular(tmp_path / "zero", tmp_path / "copy", CopiedFileError)
+    with pytest.raises(CopiedFileError, match="101 bytes, more than the 100 bytes"):
+        read_regular_bytes(tmp_path / "big", 100, CopiedFileError)
+    with pytest.raises(CopiedFileError, match="is a symbolic link"):
+        read_regular_bytes(tmp_path / "link", 1000, CopiedFileError, follow=False)
+    assert read_regular_bytes(tmp_path / "link", 1000, CopiedFileError) == b"x" * 101
+    assert not (tmp_path / "copy").exists()
+
+
+def test_a_copy_never_writes_through_a_planted_symlink(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    (tmp_path / "source").write_bytes(b"new content")
+    (tmp_path / "target").symlink_to(victim)
+    with pytest.raises(FileExistsError):
+        copy_regular(tmp_path / "source", tmp_path / "target", CopiedFileError)
+    assert victim.read_bytes() == b"precious"
+
+
+def test_the_ledger_is_replaced_without_writing_through_a_planted_temporary(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    (tmp_path / f"{LEDGER_NAME}.tmp").symlink_to(victim)
+    write_json_atomic(tmp_path / LEDGER_NAME, {"shards": {}})
+    assert victim.read_bytes() == b"precious"
+    assert json.loads((tmp_path / LEDGER_NAME).read_text()) == {"shards": {}}
+    assert sorted(p.name for p in tmp_path.iterdir()) == [LEDGER_NAME, "victim"]
+
+
+def kept_staging(tmp_path: Path) -> tuple[Path, Path]:
+    """OUT and a kept staging of a --resume run stopped half-way."""
+    out = tmp_path / "out"
+
+    def stop(done, total):
+        if done > total // 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        convert(FIXTURES / DENSE, out, ConvertOptions(max_shard_size=SHARD_LIMIT, resume=True), stop)
+    (staging,) = tmp_path.glob(f".out{STAGING_TAG}*")
+    return out, staging
+
+
+@pytest.mark.parametrize("kind", ["fifo", "zero", "deep"])
+def test_a_hostile_resume_ledger_ends_at_once_with_a_named_error(tmp_path, kind):
+    out, staging = kept_staging(tmp_path)
+    plant(staging / LEDGER_NAME, kind)
+    result = run_cli("convert", FIXTURES / DENSE, out, "--resume", "--json", "--max-shard-size", "150KB", timeout=60)
+    assert result.returncode == 3, result.stderr
+    error = json.loads(result.stdout.splitlines()[0])
+    assert error["error"] == "ResumeLedgerError" and str(staging / LEDGER_NAME) in error["message"]
+    assert "--overwrite" in error["hint"] and "Traceback" not in result.stderr
+    assert not out.exists()
+    # --overwrite discards that staging and converts afresh
+    result = run_cli("convert", FIXTURES / DENSE, out, "--resume", "--overwrite", "--quiet", "--max-shard-size", "150KB")
+    assert result.returncode == 0, result.stderr
+    assert not list(tmp_path.glob(f".out{STAGING_TAG}*"))
+
+
+def test_a_kept_shard_replaced_by_a_symlink_or_a_hard_link_is_converted_again(tmp_path):
+    out, staging = kept_staging(tmp_path)
+    ledger = json.loads((staging / LEDGER_NAME).read_text())
+    first, second = sorted(ledger["shards"])[:2]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shutil.move(staging / first, elsewhere / first)
+    (staging / first).symlink_to(elsewhere / first)  # the same bytes, but a link into someone's directory
+    os.link(staging / second, elsewhere / second)  # a second name someone else could write through
+    result = convert(FIXTURES / DENSE, out, ConvertOptions(max_shard_size=SHARD_LIMIT, resume=True))
+    assert first not in result.reused_shards and second not in result.reused_shards
+    for name in (first, second):
+        st = os.lstat(out / name)
+        assert not (out / name).is_symlink() and st.st_nlink == 1
+    assert (elsewhere / first).exists() and (elsewhere / second).exists()  # not ours: left as they were
+
+
+def test_a_kept_staging_of_another_user_is_not_adopted(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give the staging to another user")
+    out, staging = kept_staging(tmp_path)
+    os.chown(staging, 65534, 65534)
+    result = runner.invoke(app, ["convert", str(FIXTURES / DENSE), str(out), "--resume", "--quiet", "--max-shard-size", "150KB"])
+    assert result.exit_code == 2 and "belongs to user 65534" in result.stderr, result.output
+    assert not out.exists() and staging.is_dir()
+
+
+def test_a_failed_resume_run_says_where_its_work_is_kept(tmp_path, monkeypatch):
+    out, staging = kept_staging(tmp_path)
+    import ascendconv.convert as convert_module
+
+    def fail(*args, **kwargs):
+        from ascendconv.errors import NoSpaceError
+
+        raise NoSpaceError(f"{out}: no space left")
+
+    monkeypatch.setattr(convert_module, "write_package_files", fail)
+    result = runner.invoke(app, ["convert", str(FIXTURES / DENSE), str(out), "--resume", "--quiet", "--max-shard-size", "150KB"])
+    assert result.exit_code == 4
+    text = " ".join(result.stderr.split())
+    assert f"finished shards are kept in {staging}" in text and "--resume reuses them" in text
+
+
+@pytest.fixture(scope="module")
+def parts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("parts")
+    made = [root / f"p{i}" for i in (1, 2)]
+    for i, directory in enumerate(made, start=1):
+        convert(FIXTURES / DENSE, directory, ConvertOptions(max_shard_size=SHARD_LIMIT, part=(i, 2)))
+    return made
+
+
+def copied_parts(parts: list[Path], tmp_path: Path) -> list[Path]:
+    return [Path(shutil.copytree(p, tmp_path / p.name)) for p in parts]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "zero", "deep"])
+def test_a_hostile_part_manifest_ends_at_once_with_a_named_error(parts, tmp_path, kind):
+    p1, p2 = copied_parts(parts, tmp_path)
+    plant(p2 / "ascendconv_part.json", kind)
+    result = run_cli("assemble", tmp_path / "out", p1, p2, "--json", timeout=60)
+    assert result.returncode == 3, result.stderr
+    error = json.loads(result.stdout.splitlines()[0])
+    assert error["error"] == "PartError" and str(p2 / "ascendconv_part.json") in error["message"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_symlinked_part_shard_is_refused_not_linked_as_a_symlink(parts, tmp_path):
+    p1, p2 = copied_parts(parts, tmp_path)
+    shard = next(p2.glob("*.safetensors"))
+    kept = tmp_path / "kept.safetensors"
+    shutil.move(shard, kept)
+    shard.symlink_to(kept)
+    result = runner.invoke(app, ["assemble", str(tmp_path / "out"), str(p1), str(p2), "--quiet"])
+    assert result.exit_code == 3 and "is a symbolic link" in result.stderr and str(shard) in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_part_shard_swapped_after_its_check_is_not_linked(tmp_path):
+    checked, swapped = tmp_path / "checked", tmp_path / "swapped"
+    checked.write_bytes(b"a")
+    swapped.write_bytes(b"b")
+    identity = (os.stat(checked).st_dev, os.stat(checked).st_ino)
+    (tmp_path / "staging").mkdir()
+    with pytest.raises(ShardChecksumError, match="was replaced after its checksum was checked"):
+        link_or_copy(swapped, tmp_path / "staging" / "s", identity)
+    assert link_or_copy(checked, tmp_path / "staging" / "t", identity) is True
+
+
+@pytest.mark.parametrize("kind", ["fifo", "zero"])
+def test_a_hostile_hf_ref_ends_at_once(tmp_path, monkeypatch, kind):
+    cache = tmp_path / "hub"
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    repo = cache / "models--org--name"
+    (repo / "snapshots" / "abc").mkdir(parents=True)
+    (repo / "refs").mkdir()
+    plant(repo / "refs" / "main", kind)
+    with pytest.raises(NotCachedError, match=str(repo / "refs" / "main")):
+        resolve_source("org/name")
+    (repo / "refs" / "main").unlink()
+    (repo / "refs" / "main").write_text("abc" * 2000)  # far longer than any commit hash
+    with pytest.raises(NotCachedError, match="more than the 4096 bytes"):
+        resolve_source("org/name")
