@@ -27,7 +27,8 @@ from ascendconv.formats.constants import (
 # --- files ---------------------------------------------------------------------------------------
 
 SHARD_NAME = "quant_model_weights-{:05d}-of-{:05d}.safetensors"
-SHARD_PATTERN = re.compile(r"^quant_model_weights-(\d{5})-of-(\d{5})\.safetensors$")
+# five digits at least: a plan of more than 99,999 shards names them with six, which must still match
+SHARD_PATTERN = re.compile(r"^quant_model_weights-(\d{5,})-of-(\d{5,})\.safetensors$")
 SINGLE_SHARD_NAME = "quant_model_weights.safetensors"  # --max-shard-size 0: one file, no index
 INDEX_NAME = "quant_model_weights.safetensors.index.json"
 DESCRIPTION_NAME = "quant_model_description.json"
@@ -279,14 +280,20 @@ class ProvenanceRecord:
         """The record as JSON (what a part manifest keeps to write the provenance when assembled)."""
         return _json_value(self)
 
-    def document(self, digests: dict[str, str]) -> dict:
-        return provenance_document(self.base(), digests)
+    def document(self, digests: dict[str, str], sizes: dict[str, int], files: dict[str, str]) -> dict:
+        return provenance_document(self.base(), digests, sizes, files)
 
 
-def provenance_document(base: dict, digests: dict[str, str]) -> dict:
-    """The provenance file: a record's JSON (`ProvenanceRecord.base`), then every shard's digest
-    under the record's checksum algorithm."""
-    return {**base, "shards": {name: {base["checksum"]: digest} for name, digest in sorted(digests.items())}}
+def provenance_document(base: dict, digests: dict[str, str], sizes: dict[str, int], files: dict[str, str]) -> dict:
+    """The provenance file: a record's JSON (`ProvenanceRecord.base`), the sha256 of every other
+    file the package holds (description, index, config.json, the files copied from the source), then
+    every shard's digest under the record's checksum algorithm and its size (which verify compares
+    before it reads a byte of the shard)."""
+    return {
+        **base,
+        "files": dict(sorted(files.items())),
+        "shards": {name: {base["checksum"]: digest, "size": sizes[name]} for name, digest in sorted(digests.items())},
+    }
 
 
 def _text(value: object) -> str | None:
@@ -369,6 +376,21 @@ class Provenance:
         if not isinstance(entry, dict) or not isinstance(algorithm, str):
             return None
         return _text(entry.get(algorithm))
+
+    def size(self, shard: str) -> int | None:
+        """The size recorded for `shard` (packages written before 0.3 record none)."""
+        entry = (self.shards or {}).get(shard)
+        size = entry.get("size") if isinstance(entry, dict) else None
+        return size if type(size) is int else None
+
+    @property
+    def files(self) -> dict[str, str] | None:
+        """File name -> sha256 of the package's files other than shards and provenance, as written;
+        None when not recorded (older packages) or not of that shape."""
+        files = self.raw.get("files")
+        if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
+            return None
+        return files
 
     @property
     def source_nonfinite(self) -> dict[str, int]:

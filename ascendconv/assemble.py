@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ascendconv.ascendv1 import provenance_document
-from ascendconv.package_files import dump_json
+from ascendconv.package_files import dump_json, shard_sizes
 from ascendconv.pipeline import Progress
 from ascendconv.errors import (
     DuplicatePartError,
@@ -215,7 +215,9 @@ def assemble_into(staging: Path, parts: list[Part], identities: dict[Path, tuple
         path = parts[0].directory / name
         if copy_regular(path, staging / name, PartError) != want:
             raise ShardChecksumError(f"{path}: changed after it was checked against {parts[0].label}'s manifest")
-    dump_json(staging / PROVENANCE_NAME, provenance_document(parts[0].manifest["identity"]["provenance"], digests))
+    base = parts[0].manifest["identity"]["provenance"]
+    provenance = provenance_document(base, digests, shard_sizes(staging, digests), parts[0].manifest["files"])
+    dump_json(staging / PROVENANCE_NAME, provenance)
     return sum((staging / name).stat().st_size for name in digests), linked
 
 

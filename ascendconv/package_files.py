@@ -19,7 +19,7 @@ from ascendconv.ascendv1 import (
 )
 from ascendconv.errors import CopiedFileError
 from ascendconv.io.checksum import CHECKSUM
-from ascendconv.io.files import copy_regular
+from ascendconv.io.files import copy_regular, write_new
 from ascendconv.io.safetensors import nonfinite_count
 from ascendconv.pipeline import COPY_CHUNK_BYTES
 from ascendconv.plan import OutputKind, Plan
@@ -28,16 +28,24 @@ from ascendconv.sources import Source
 from ascendconv.sources.checkpoint import find_quantization_config
 
 
+# vLLM reads a checkpoint's quantization from either key (compression_config is the older name it
+# falls back to), so the package keeps neither (contract section 3).
+QUANTIZATION_KEYS = ("quantization_config", "compression_config")
+
+
 def strip_quantization_config(config: dict) -> dict:
-    """config.json for the package: vLLM must not see the FP8 quantization_config (contract section 3)."""
-    config = {k: v for k, v in config.items() if k != "quantization_config"}
+    """config.json for the package: vLLM must not see the FP8 quantization config (contract section 3)."""
+    config = {k: v for k, v in config.items() if k not in QUANTIZATION_KEYS}
     if isinstance(config.get("text_config"), dict):
-        config["text_config"] = {k: v for k, v in config["text_config"].items() if k != "quantization_config"}
+        config["text_config"] = {k: v for k, v in config["text_config"].items() if k not in QUANTIZATION_KEYS}
     return config
 
 
-def dump_json(path: Path, data: dict) -> None:
-    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+def dump_json(path: Path, data: dict) -> str:
+    """Write `data` as the new file `path`; return the sha256 of the bytes written."""
+    text = (json.dumps(data, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+    write_new(path, text)
+    return sha256_hex(text)
 
 
 def source_fingerprint(header_bytes: bytes, size: int) -> str:
@@ -77,29 +85,30 @@ def copied_file_digests(source: Source, plan: Plan) -> dict[str, str]:
     return {name: copy_regular(Path(os.path.realpath(source.root / name)), None, CopiedFileError) for name in plan.copied_files}
 
 
-def write_plan_files(source: Source, plan: Plan, staging: Path) -> list[str]:
-    """The package's files other than shards and provenance; returns their names."""
-    written = [DESCRIPTION_NAME]
-    dump_json(staging / DESCRIPTION_NAME, plan.description())
+def write_plan_files(source: Source, plan: Plan, staging: Path) -> dict[str, str]:
+    """The package's files other than shards and provenance; returns name -> sha256 of each as written."""
+    written = {DESCRIPTION_NAME: dump_json(staging / DESCRIPTION_NAME, plan.description())}
     index = plan.index()
     if index is not None:
-        dump_json(staging / INDEX_NAME, index)
-        written.append(INDEX_NAME)
+        written[INDEX_NAME] = dump_json(staging / INDEX_NAME, index)
     for name in plan.copied_files:
         if name == "config.json":
-            dump_json(staging / name, strip_quantization_config(source.config))
+            written[name] = dump_json(staging / name, strip_quantization_config(source.config))
         else:
             # the real path was checked to stay inside the source; copy that, not the link
-            copy_regular(Path(os.path.realpath(source.root / name)), staging / name, CopiedFileError)
-        written.append(name)
+            written[name] = copy_regular(Path(os.path.realpath(source.root / name)), staging / name, CopiedFileError)
     return written
+
+
+def shard_sizes(staging: Path, digests: dict[str, str]) -> dict[str, int]:
+    return {name: os.lstat(staging / name).st_size for name in digests}
 
 
 def write_package_files(
     source: Source, plan: Plan, staging: Path, provenance: ProvenanceRecord, digests: dict[str, str]
 ) -> None:
-    write_plan_files(source, plan, staging)
-    dump_json(staging / PROVENANCE_NAME, provenance.document(digests))
+    files = write_plan_files(source, plan, staging)
+    dump_json(staging / PROVENANCE_NAME, provenance.document(digests, shard_sizes(staging, digests), files))
 
 
 def provenance_record(source: Source, plan: Plan, kernel: str) -> ProvenanceRecord:

@@ -16,7 +16,7 @@ from ascendconv.errors import BadOptionError
 from ascendconv.io.checksum import CHECKSUM
 from ascendconv.ascendv1 import PART_MANIFEST_NAME
 from ascendconv.plan import Plan
-from ascendconv.resume import fingerprint, sha256_hex, write_json_atomic
+from ascendconv.resume import fingerprint, write_json_atomic
 
 PART_FORMAT = "ascendconv-part/1"
 
@@ -61,7 +61,7 @@ def part_shards(plan: Plan, part: tuple[int, int] | None) -> list[int]:
 
 
 def write_part_manifest(
-    directory: Path, identity: dict, part: tuple[int, int], digests: dict[str, str], files: list[str]
+    directory: Path, identity: dict, part: tuple[int, int], digests: dict[str, str], files: dict[str, str]
 ) -> None:
     """The part's manifest: written last, so a part directory that has one is complete."""
     number, count = part
@@ -75,6 +75,6 @@ def write_part_manifest(
             "identity": identity,
             "checksum": CHECKSUM,
             "shards": dict(sorted(digests.items())),
-            "files": {name: sha256_hex((directory / name).read_bytes()) for name in sorted(files)},
+            "files": dict(sorted(files.items())),  # name -> sha256 of the small files, as written
         },
     )

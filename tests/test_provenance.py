@@ -28,6 +28,8 @@ RECORD = ProvenanceRecord(
     checksum="blake3",
 )
 DIGESTS = {"quant_model_weights-00002-of-00002.safetensors": "22" * 32, "quant_model_weights-00001-of-00002.safetensors": "11" * 32}
+SIZES = {"quant_model_weights-00002-of-00002.safetensors": 4096, "quant_model_weights-00001-of-00002.safetensors": 8192}
+FILES = {"tokenizer.json": "33" * 32, "config.json": "44" * 32}
 
 
 def read_back(tmp_path, document: dict) -> Provenance:
@@ -37,7 +39,7 @@ def read_back(tmp_path, document: dict) -> Provenance:
 
 def test_every_written_field_reads_back(tmp_path):
     base = RECORD.base()
-    read = read_back(tmp_path, RECORD.document(DIGESTS))
+    read = read_back(tmp_path, RECORD.document(DIGESTS, SIZES, FILES))
     for field in dataclasses.fields(ProvenanceRecord):
         assert getattr(read, field.name) == base[field.name], field.name
     assert read.source == {
@@ -55,30 +57,32 @@ def test_every_written_field_reads_back(tmp_path):
     assert read.source_nonfinite == {"model.embed_tokens.weight": 3}
     assert {name: read.digest(name) for name in DIGESTS} == DIGESTS
     assert read.digest("quant_model_weights-00003-of-00002.safetensors") is None
+    assert {name: read.size(name) for name in SIZES} == SIZES and read.files == FILES
 
 
 def test_the_file_keeps_its_key_order_and_layout(tmp_path):
-    """Golden bytes: the fields in declaration order, shards last and sorted, indent 2."""
+    """Golden bytes: the fields in declaration order, then the other files and the shards, sorted, indent 2."""
     one_file = dataclasses.replace(
         RECORD, source=dataclasses.replace(RECORD.source, files=RECORD.source.files[:1]), fallbacks=(), source_nonfinite={}
     )
-    dump_json(tmp_path / "p.json", one_file.document({"s2": "22", "s1": "11"}))
+    dump_json(tmp_path / "p.json", one_file.document({"s2": "22", "s1": "11"}, {"s1": 1, "s2": 2}, {"z": "55", "a": "66"}))
     assert (tmp_path / "p.json").read_text(encoding="utf-8") == (
         '{\n  "tool": "ascendconv",\n  "version": "9.8.7",\n  "source": {\n    "name": "Kimi-K2",\n'
         '    "format": "hf-fp8-block",\n    "quantization_config": "text_config.quantization_config",\n'
         '    "params": {\n      "weight_block_size": [\n        128,\n        64\n      ]\n    },\n    "files": [\n      {\n        "name": "a.safetensors",\n        "size": 1234,\n'
         f'        "fingerprint": "{"ab" * 32}"\n      }}\n    ]\n  }},\n  "scheme": "w4a8-mxfp-moe",\n'
         '  "scale_rule": "floor",\n  "resolve_dtype": "fp16",\n  "kernel": "reference",\n  "fallbacks": [],\n'
-        '  "source_nonfinite": {},\n  "checksum": "blake3",\n  "shards": {\n    "s1": {\n      "blake3": "11"\n'
-        '    },\n    "s2": {\n      "blake3": "22"\n    }\n  }\n}\n'
+        '  "source_nonfinite": {},\n  "checksum": "blake3",\n  "files": {\n    "a": "66",\n    "z": "55"\n  },\n'
+        '  "shards": {\n    "s1": {\n      "blake3": "11",\n      "size": 1\n'
+        '    },\n    "s2": {\n      "blake3": "22",\n      "size": 2\n    }\n  }\n}\n'
     )
 
 
 def test_a_part_manifests_copy_gives_the_same_document():
     """assemble writes the provenance from the record's JSON kept in a part manifest: same document."""
     kept = json.loads(json.dumps(RECORD.base()))
-    assert provenance_document(kept, DIGESTS) == RECORD.document(DIGESTS)
-    assert list(RECORD.document(DIGESTS)) == [f.name for f in dataclasses.fields(ProvenanceRecord)] + ["shards"]
+    assert provenance_document(kept, DIGESTS, SIZES, FILES) == RECORD.document(DIGESTS, SIZES, FILES)
+    assert list(RECORD.document(DIGESTS, SIZES, FILES)) == [f.name for f in dataclasses.fields(ProvenanceRecord)] + ["files", "shards"]
 
 
 def test_a_package_written_before_source_formats_reads_as_block_fp8():

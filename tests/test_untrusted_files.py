@@ -5,9 +5,11 @@ named error; and nothing half-written at OUT."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -82,8 +84,18 @@ def kept_staging(tmp_path: Path) -> tuple[Path, Path]:
     """OUT and a kept staging of a --resume run stopped half-way."""
     out = tmp_path / "out"
 
+    def recorded() -> int:
+        for ledger in tmp_path.glob(f".out{STAGING_TAG}*/{LEDGER_NAME}"):
+            with contextlib.suppress(OSError, ValueError):
+                return len(json.loads(ledger.read_text())["shards"])
+        return 0
+
     def stop(done, total):
         if done > total // 2:
+            # shards are closed by the writer thread, behind the progress: let two finish first
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and recorded() < 2:
+                time.sleep(0.01)
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):

@@ -3,6 +3,8 @@ alignment, packed groups and tensor parallelism, from the headers and JSON files
 
 from __future__ import annotations
 
+from collections import Counter
+
 from ascendconv.ascendv1 import (
     DESCRIPTION_NAME,
     INDEX_NAME,
@@ -38,6 +40,30 @@ FP8_DTYPES = ("F8_E4M3", "F8_E5M2", "F8_E8M0")
 KV_HEAD_PROJECTIONS = ("k_proj", "v_proj")  # replicated instead of split when kv heads < T
 
 
+MAX_HOLES_LISTED = 20
+
+
+def _numbering_holes(have: set[int], total: int, present: set[str]) -> list[str]:
+    """The numbers 1..total neither indexed nor present, found gap by gap (the total comes from a
+    file name, and may be 10**12): the first MAX_HOLES_LISTED named, the rest counted."""
+    indexed = sorted(n for n in have if 1 <= n <= total)
+    numbered = (SHARD_PATTERN.match(f) for f in present)
+    unindexed_present = sum(1 for m in numbered if m and int(m[2]) == total and 1 <= int(m[1]) <= total and int(m[1]) not in have)
+    absent = total - len(indexed) - unindexed_present
+    listed: list[str] = []
+    previous = 0
+    for number in [*indexed, total + 1]:
+        for hole in range(previous + 1, number):
+            if len(listed) == MAX_HOLES_LISTED:
+                break
+            if SHARD_NAME.format(hole, total) not in present:
+                listed.append(f"shard numbering has a hole: {SHARD_NAME.format(hole, total)} is neither indexed nor present")
+        previous = number
+    if absent > len(listed):
+        listed.append(f"and {absent - len(listed)} more holes in the numbering of {total} shards")
+    return listed
+
+
 def check_files(lay: _Layout) -> Check:
     problems = []
     for stray in lay.strays:
@@ -49,10 +75,10 @@ def check_files(lay: _Layout) -> Check:
         else:
             why = "is not part of the package"
         problems.append(f"stray file {stray}: {why}, and vLLM loads every *.safetensors in the directory")
+    users = Counter(lay.pkg.weight_map.values()) if lay.missing else Counter()
     for missing in lay.missing:
         if lay.index is not None:
-            users = sorted(t for t, f in lay.pkg.weight_map.items() if f == missing)
-            problems.append(f"shard {missing} is named by {INDEX_NAME} for {len(users)} tensor(s) but is missing")
+            problems.append(f"shard {missing} is named by {INDEX_NAME} for {users[missing]} tensor(s) but is missing")
         elif not any(SHARD_PATTERN.match(f) for f in lay.present):
             problems.append(f"no {INDEX_NAME} and no {SINGLE_SHARD_NAME}: the package has no weights")
     if lay.index is not None:
@@ -66,13 +92,14 @@ def check_files(lay: _Layout) -> Check:
         totals = {total for _, total in numbers}
         if numbers and len(totals) == 1:
             total = totals.pop()
-            have = {number for number, _ in numbers}
-            holes = [SHARD_NAME.format(i, total) for i in range(1, total + 1) if i not in have]
-            for hole in holes:
-                if hole not in lay.present:
-                    problems.append(f"shard numbering has a hole: {hole} is neither indexed nor present")
+            problems += _numbering_holes({number for number, _ in numbers}, total, set(lay.present))
         elif len(totals) > 1:
             problems.append(f"shards disagree on their count: {', '.join(lay.expected)}")
+    for other in sorted(p.name for p in lay.root.glob("*.safetensors.index.json") if p.name != INDEX_NAME):
+        problems.append(
+            f"stray index {other}: vLLM chooses the shards it loads from a *.safetensors.index.json, and this one is "
+            "not the package's"
+        )
     if not (lay.root / "config.json").is_file():
         problems.append("config.json is missing: vLLM cannot build the model")
     return make_check("files", problems, f"{len(lay.expected)} shard(s), no stray *.safetensors")
@@ -83,14 +110,14 @@ def check_config(lay: _Layout) -> Check:
     if config is None:
         return skip_check("config", "no config.json (reported by files)")
     problems = []
-    if "quantization_config" in config:
-        problems.append(
-            "config.json keeps quantization_config: vLLM would take the FP8 path or refuse the model"
-        )
-    text = config.get("text_config")
-    if isinstance(text, dict) and "quantization_config" in text:
-        problems.append("config.json keeps text_config.quantization_config: vLLM would take the FP8 path")
-    return make_check("config", problems, "config.json has no quantization_config")
+    # vLLM reads the quantization from either key (compression_config is the name it falls back to)
+    for key in ("quantization_config", "compression_config"):
+        if key in config:
+            problems.append(f"config.json keeps {key}: vLLM would take the FP8 path or refuse the model")
+        text = config.get("text_config")
+        if isinstance(text, dict) and key in text:
+            problems.append(f"config.json keeps text_config.{key}: vLLM would take the FP8 path")
+    return make_check("config", problems, "config.json has no quantization_config or compression_config")
 
 
 def check_description(lay: _Layout) -> Check:
@@ -99,8 +126,11 @@ def check_description(lay: _Layout) -> Check:
     if fields.get("version") != "1.0.0":
         problems.append(f"{DESCRIPTION_NAME}: version is {shown(fields.get('version'))}, expected '1.0.0'")
     group_size = fields.get("group_size")
-    if isinstance(group_size, bool) or group_size != GROUP_SIZE:
-        problems.append(f"{DESCRIPTION_NAME}: group_size is {shown(group_size)}, expected {GROUP_SIZE} (0 breaks the loader)")
+    if type(group_size) is not int or group_size != GROUP_SIZE:  # 32.0 == 32, but breaks vllm-ascend's shapes
+        problems.append(
+            f"{DESCRIPTION_NAME}: group_size is {shown(group_size)}, expected the integer {GROUP_SIZE} "
+            "(0 breaks the loader, a float its shapes)"
+        )
     for key in ("metadata", "optional"):
         if not isinstance(fields.get(key, {}), dict):
             problems.append(f"{DESCRIPTION_NAME}: {key} is {shown(fields[key])}, expected an object")
@@ -133,10 +163,11 @@ def check_index(lay: _Layout) -> Check:
     problems = []
     weight_map = lay.pkg.weight_map
     metadata = lay.index.get("metadata") if isinstance(lay.index.get("metadata"), dict) else {}
+    missing = set(lay.missing)
     for name, file in sorted(weight_map.items()):
         entry = lay.tensors.get(name)
         if entry is None:
-            if file not in lay.broken and file not in lay.missing:
+            if file not in lay.broken and file not in missing:
                 problems.append(f"{INDEX_NAME} maps {shown(name)} to {file} but no shard holds it")
         elif entry.path.name != file:
             problems.append(f"{INDEX_NAME} maps {shown(name)} to {file} but it is in {entry.path.name}")
