@@ -252,6 +252,14 @@ class NpuUnavailableError(EnvironmentProblem):
     )
 
 
+class RayUnreachableError(EnvironmentProblem):
+    default_hint = "start the cluster (ray start --head), check --ray-address and the network, or drop it to run locally"
+
+
+class RayCapacityError(EnvironmentProblem):
+    default_hint = "lower --ray-cpus to what one node of the cluster has, or add nodes"
+
+
 class OutputWriteError(EnvironmentProblem):
     default_hint = "free space, raise the file-size limit or choose another OUT; nothing was left at OUT"
 

@@ -69,12 +69,44 @@ DEFAULT_RAY_CPUS_PER_TASK = 2
 DEFAULT_RAY_MAX_RETRIES = 2  # attempts after the first, per part
 
 
+MAX_RAY_RETRIES = 100  # Ray reads -1 as "for ever"; a bound keeps a broken part from retrying without end
+# What --ray-address may be: auto / local (Ray's own words), HOST:PORT of a cluster's head, or
+# ray://HOST:PORT of its client server.
+RAY_ADDRESS = re.compile(r"^(?:auto|local|(?:ray://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(?P<port>\d{1,5}))$")
+
+
 @dataclass
 class RayOptions:
     address: str | None = None  # None: the Ray instance this process already runs, else a new local one
     parts: int = DEFAULT_RAY_PARTS
     cpus_per_task: int = DEFAULT_RAY_CPUS_PER_TASK
     max_retries: int = DEFAULT_RAY_MAX_RETRIES
+
+    def __post_init__(self) -> None:
+        """Checked before Ray is imported or started: a wrong value is a usage error, never a hang."""
+        for flag, value, low, high in (
+            ("--ray-parts", self.parts, 0, None),
+            ("--ray-cpus", self.cpus_per_task, 1, None),
+            ("--ray-retries", self.max_retries, 0, MAX_RAY_RETRIES),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+                bound = f"from {low} to {high}" if high is not None else f"{low} or more"
+                raise BadOptionError(f"{flag} {value}: must be a whole number {bound}")
+        if self.address is not None:
+            match = RAY_ADDRESS.match(self.address)
+            if not match or (match["port"] is not None and not 1 <= int(match["port"]) <= 65535):
+                raise BadOptionError(
+                    f"--ray-address {self.address!r}: not a Ray address",
+                    "write auto, HOST:PORT of the head node (e.g. 10.0.0.1:6379) or ray://HOST:PORT of its client server",
+                )
+
+    @property
+    def endpoint(self) -> tuple[str, int] | None:
+        """(host, port) that --ray-address names, or None for auto, local or none."""
+        match = RAY_ADDRESS.match(self.address or "")
+        if not match or match["port"] is None:
+            return None
+        return match["host"].strip("[]"), int(match["port"])
 
 
 # --- verify --------------------------------------------------------------------------------------

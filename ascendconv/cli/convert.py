@@ -137,6 +137,6 @@ def ray_runner(options: ConvertOptions, address: Optional[str], parts: int, cpus
             "--ray runs every part itself and cannot be combined with --part or --resume",
             "under --ray a failed task is retried and reuses the shards it finished (--ray-retries)",
         )
+    ray_options = RayOptions(address=address, parts=parts, cpus_per_task=cpus, max_retries=retries)  # checked first
     import_ray()  # fails at once, with how to install it
-    ray_options = RayOptions(address=address, parts=parts, cpus_per_task=cpus, max_retries=retries)
     return lambda src, out, options, progress, dry_run, notice: convert_on_ray(src, out, options, ray_options, progress)

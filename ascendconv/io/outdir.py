@@ -78,11 +78,23 @@ def check_output(out: Path, source_root: Path, overwrite: bool, marker: str) -> 
 _deferred: list[int] | None = None  # signals held back while a rename pair must not be split
 
 
+_received: list[int] = []  # the last interrupting signal our handler saw
+
+
 def _raise_interrupt(signum: int, frame) -> None:
+    _received[:] = [signum]
     if _deferred is not None:
         _deferred.append(signum)
         return
     raise Interrupted(signum)
+
+
+def as_interrupt(exc: KeyboardInterrupt) -> Interrupted:
+    """Our Interrupted for a KeyboardInterrupt that a library raised in its place (Ray's waits turn
+    the one our handler raised into a plain one): the signal our handler last saw, else SIGINT."""
+    if isinstance(exc, Interrupted):
+        return exc
+    return Interrupted(_received[0] if _received else signal.SIGINT)
 
 
 @contextlib.contextmanager
@@ -94,6 +106,7 @@ def signals_interrupt() -> Iterator[None]:
         yield
         return
     previous = {}
+    _received.clear()
     for name in INTERRUPTING_SIGNALS:
         number = getattr(signal, name)
         current = signal.getsignal(number)
@@ -104,6 +117,22 @@ def signals_interrupt() -> Iterator[None]:
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
+
+
+@contextlib.contextmanager
+def signals_kept() -> Iterator[None]:
+    """Whatever a library installs for the interrupting signals inside (Ray's driver puts its own
+    SIGTERM handler, which exits 1 with a dump), ours are back on the way out."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    kept = {getattr(signal, name): signal.getsignal(getattr(signal, name)) for name in INTERRUPTING_SIGNALS}
+    try:
+        yield
+    finally:
+        for number, handler in kept.items():
+            if handler is not None:
+                signal.signal(number, handler)
 
 
 @contextlib.contextmanager
