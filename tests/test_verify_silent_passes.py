@@ -192,3 +192,18 @@ def test_numbering_holes_of_a_count_of_10_to_the_12_are_counted_not_listed(tmp_p
     problems = check_files(_Layout(pkg)).problems
     assert sum("has a hole" in p for p in problems) == 20
     assert problems[-1] == f"and {10**12 - 21} more holes in the numbering of {10**12} shards"
+
+
+def test_a_check_that_compared_nothing_is_skipped_and_counted_apart(package, tmp_path):
+    """Against another model's source, exact compares 0 rows: skipped, never passed (accuracy fails:
+    it names the weights it could not measure)."""
+    from ascendconv.verify.report import VerifyReport
+
+    pkg = package()
+    report = verify(pkg, VerifyOptions(source=FIXTURES / DEEPSEEK, exact="sample"))
+    assert {"source", "accuracy"} <= set(failed(report))
+    check = report.check("exact")
+    assert check.skipped and check.ok and "compared nothing" in check.detail, check
+    assert report.to_dict()["skipped"] == ["exact"]
+    assert report.tally() == f"{len(report.passed)} passed, 1 skipped, {len(report.failed)} failed"
+    assert VerifyReport(pkg, report.checks[:3], [], [], [], None, report.options, 0).tally() == "3 passed"

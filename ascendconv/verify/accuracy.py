@@ -22,7 +22,7 @@ from ascendconv.formats.metrics import ErrorAccumulator, ErrorStats
 from ascendconv.io.safetensors import TensorEntry, TensorReader
 from ascendconv.sources.base import Encoding
 from ascendconv.sources.rows import FloatRows, entry_points
-from ascendconv.verify.checks import STRUCTURAL_HINT, make_check
+from ascendconv.verify.checks import STRUCTURAL_HINT, make_check, skip_check
 from ascendconv.verify.layout import CHUNK_BYTES, FLOAT_DTYPES, _Layout, _Module, _row_chunks
 from ascendconv.verify.rows import _dequantize, _mapped_rows, _read_package_rows
 from ascendconv.options import Notice, VerifyProgress as Progress, VerifyOptions
@@ -480,6 +480,8 @@ def check_accuracy(found: _SourceFindings, options: VerifyOptions) -> Check:
             )
     measured_problems = bool(problems)
     problems += [f"not measured: {s}" for s in found.skipped]
+    if not found.tensors and not problems:
+        return skip_check("accuracy", "measured nothing: no weight of the package is in this source")
     mx_tensors = [t for t in found.tensors if t.type in MX_TYPES]
     detail = f"{len(found.tensors)} weights measured"
     if mx_tensors:
@@ -495,6 +497,8 @@ def check_exact(found: _SourceFindings, lay: _Layout, options: VerifyOptions) ->
     prov = lay.pkg.record
     if prov.scale_rule not in SCALE_RULES:
         return make_check("exact", [f"no scale rule recorded in {PROVENANCE_NAME}: the bytes cannot be re-derived"], "")
+    if not found.rows and not found.exact:  # nothing compared is no pass (the wrong source gives 0 rows)
+        return skip_check("exact", "compared nothing: no weight of the package could be re-derived from this source")
     if options.exact == "full" or options.sample >= 1.0:
         what = f"every row ({found.rows} rows)"
     else:
