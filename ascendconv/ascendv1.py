@@ -239,11 +239,13 @@ def _json_value(value):
 
 @dataclass(frozen=True)
 class SourceFileRecord:
-    """One source shard as provenance identifies it: its header and size, not its data."""
+    """One source shard as provenance identifies it: its header and size, and a sample of its data
+    (so two checkpoints of one layout, a fine-tune or a re-upload, are told apart)."""
 
     name: str
     size: int
     fingerprint: str  # sha256 of the header bytes and the size
+    data_sample: str  # BLAKE3 of sampled windows of the data (io.checksum.sampled_digest)
 
 
 @dataclass(frozen=True)

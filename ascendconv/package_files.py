@@ -18,7 +18,7 @@ from ascendconv.ascendv1 import (
     SourceRecord,
 )
 from ascendconv.errors import CopiedFileError
-from ascendconv.io.checksum import CHECKSUM
+from ascendconv.io.checksum import CHECKSUM, sampled_digest
 from ascendconv.io.files import copy_regular, write_new
 from ascendconv.io.safetensors import nonfinite_count
 from ascendconv.pipeline import COPY_CHUNK_BYTES
@@ -51,6 +51,11 @@ def dump_json(path: Path, data: dict) -> str:
 def source_fingerprint(header_bytes: bytes, size: int) -> str:
     """Cheap identity of a source shard: its header and its size (the data is not re-read)."""
     return hashlib.sha256(header_bytes + size.to_bytes(8, "little")).hexdigest()
+
+
+def data_sample(header) -> str:
+    """The sampled digest of a source shard's data (see io.checksum.sampled_digest)."""
+    return sampled_digest(header.path, header.data_start, header.file_size)
 
 
 def nonfinite_copies(source: Source, plan: Plan) -> dict[str, int]:
@@ -115,7 +120,8 @@ def provenance_record(source: Source, plan: Plan, kernel: str) -> ProvenanceReco
     """What the package's provenance says besides the shard checksums."""
     _, location = find_quantization_config(source.config)
     files = tuple(
-        SourceFileRecord(h.path.name, h.file_size, source_fingerprint(h.header_bytes, h.file_size)) for h in source.headers
+        SourceFileRecord(h.path.name, h.file_size, source_fingerprint(h.header_bytes, h.file_size), data_sample(h))
+        for h in source.headers
     )
     return ProvenanceRecord(
         tool="ascendconv",

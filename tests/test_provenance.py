@@ -17,7 +17,10 @@ RECORD = ProvenanceRecord(
         format="hf-fp8-block",
         quantization_config="text_config.quantization_config",
         params={"weight_block_size": [128, 64]},
-        files=(SourceFileRecord("a.safetensors", 1234, "ab" * 32), SourceFileRecord("b.safetensors", 0, "cd" * 32)),
+        files=(
+            SourceFileRecord("a.safetensors", 1234, "ab" * 32, "ef" * 32),
+            SourceFileRecord("b.safetensors", 0, "cd" * 32, "01" * 32),
+        ),
     ),
     scheme="w4a8-mxfp-moe",
     scale_rule="floor",
@@ -48,8 +51,8 @@ def test_every_written_field_reads_back(tmp_path):
         "quantization_config": "text_config.quantization_config",
         "params": {"weight_block_size": [128, 64]},
         "files": [
-            {"name": "a.safetensors", "size": 1234, "fingerprint": "ab" * 32},
-            {"name": "b.safetensors", "size": 0, "fingerprint": "cd" * 32},
+            {"name": "a.safetensors", "size": 1234, "fingerprint": "ab" * 32, "data_sample": "ef" * 32},
+            {"name": "b.safetensors", "size": 0, "fingerprint": "cd" * 32, "data_sample": "01" * 32},
         ],
     }
     assert read.source_name == "Kimi-K2" and read.source_files == base["source"]["files"]
@@ -70,7 +73,8 @@ def test_the_file_keeps_its_key_order_and_layout(tmp_path):
         '{\n  "tool": "ascendconv",\n  "version": "9.8.7",\n  "source": {\n    "name": "Kimi-K2",\n'
         '    "format": "hf-fp8-block",\n    "quantization_config": "text_config.quantization_config",\n'
         '    "params": {\n      "weight_block_size": [\n        128,\n        64\n      ]\n    },\n    "files": [\n      {\n        "name": "a.safetensors",\n        "size": 1234,\n'
-        f'        "fingerprint": "{"ab" * 32}"\n      }}\n    ]\n  }},\n  "scheme": "w4a8-mxfp-moe",\n'
+        f'        "fingerprint": "{"ab" * 32}",\n        "data_sample": "{"ef" * 32}"\n      }}\n    ]\n  }},\n'
+        '  "scheme": "w4a8-mxfp-moe",\n'
         '  "scale_rule": "floor",\n  "resolve_dtype": "fp16",\n  "kernel": "reference",\n  "fallbacks": [],\n'
         '  "source_nonfinite": {},\n  "checksum": "blake3",\n  "files": {\n    "a": "66",\n    "z": "55"\n  },\n'
         '  "shards": {\n    "s1": {\n      "blake3": "11",\n      "size": 1\n'

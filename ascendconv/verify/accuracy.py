@@ -125,7 +125,7 @@ def _module_measurable(lay: _Layout, module: _Module, linear) -> str | None:
 def _compare_source(
     lay: _Layout, source, options: VerifyOptions, progress: Progress | None, notice: Notice | None = None
 ) -> _SourceFindings:
-    from ascendconv.package_files import source_fingerprint
+    from ascendconv.package_files import data_sample, source_fingerprint
 
     found = _SourceFindings()
     prov = lay.pkg.record
@@ -135,8 +135,18 @@ def _compare_source(
     # 1. is this the source the package was made from?
     recorded = prov.source_files
     if recorded is not None:
-        have = {h.path.name: (h.file_size, source_fingerprint(h.header_bytes, h.file_size)) for h in source.headers}
-        want = {f.get("name"): (f.get("size"), f.get("fingerprint")) for f in recorded if isinstance(f, dict)}
+        # a name of another type than a string (a list: unhashable) is no shard of any source
+        want = {f["name"]: f for f in recorded if isinstance(f, dict) and isinstance(f.get("name"), str)}
+        sampled = {name for name, f in want.items() if "data_sample" in f}  # packages before 0.3: no sample
+        have = {
+            h.path.name: (h.file_size, source_fingerprint(h.header_bytes, h.file_size))
+            + ((data_sample(h),) if h.path.name in sampled else ())
+            for h in source.headers
+        }
+        want = {
+            name: (f.get("size"), f.get("fingerprint")) + ((f["data_sample"],) if name in sampled else ())
+            for name, f in want.items()
+        }
         if set(have) != set(want):
             found.source.append(
                 f"the package was converted from shards {sorted(want)}, the source given has {sorted(have)}"
@@ -146,7 +156,7 @@ def _compare_source(
                 if have[name] != want[name]:
                     found.source.append(
                         f"source shard {name} differs from the one converted (size {have[name][0]} vs recorded "
-                        f"{want[name][0]}, or another header)"
+                        f"{want[name][0]}, or another header, or other data)"
                     )
 
     # 2. the tensor set the source implies
