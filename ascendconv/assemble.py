@@ -31,9 +31,9 @@ from ascendconv.errors import (
     ShardChecksumError,
 )
 from ascendconv.io.outdir import StagedOutput, check_output, signals_interrupt
-from ascendconv.io.output import check_output_path, output_errors
+from ascendconv.io.output import check_free_space, check_output_path, existing_ancestor, output_errors, space_needed
 from ascendconv.io.checksum import CHECKSUM, hashed_file
-from ascendconv.io.files import COPY_CHUNK, copy_regular, create_new, file_size, open_regular, read_json_object
+from ascendconv.io.files import COPY_CHUNK, copy_regular, create_new, file_size, is_text, open_regular, read_json_object
 from ascendconv.parts import PART_FORMAT, assign_parts
 from ascendconv.ascendv1 import DESCRIPTION_NAME, PART_MANIFEST_NAME, PROVENANCE_NAME
 from ascendconv.resume import differences, fingerprint
@@ -88,8 +88,10 @@ def read_part(directory: Path) -> Part:
 def _plain_names(mapping) -> bool:
     """A dict of file name -> checksum, every name a plain file of the directory (no path, not hidden)."""
     return isinstance(mapping, dict) and all(
-        isinstance(k, str) and isinstance(v, str) and k == Path(k).name and not k.startswith(".") for k, v in mapping.items()
+        isinstance(k, str) and isinstance(v, str) and k == Path(k).name and not k.startswith(".") and is_text(k)
+        for k, v in mapping.items()
     )
+
 
 
 def _well_formed(manifest: dict) -> bool:
@@ -236,6 +238,19 @@ def checked_parts(directories: list[Path], workers: int = 0, progress: Progress 
     return CheckedParts(sorted(parts, key=lambda p: p.manifest["part"]), identities)
 
 
+def space_to_assemble(out: Path, parts: list[Part]) -> int:
+    """Bytes assembling adds at OUT at most: the shards of parts on another file system than OUT
+    (copied; the others are hard-linked and take no space), the small files, and a margin."""
+    device = os.stat(existing_ancestor(out.parent)).st_dev
+    copied = sum(
+        file_size(part.directory / name)
+        for part in parts if os.stat(part.directory).st_dev != device
+        for name in part.manifest["shards"]
+    )
+    small = sum(file_size(parts[0].directory / name) for name in parts[0].manifest["files"])
+    return space_needed([], copied, small)
+
+
 def assemble(
     out: str | os.PathLike,
     directories: list[str | os.PathLike],
@@ -254,7 +269,8 @@ def assemble(
 
     check_output_path(out)
     check()
-    with output_errors(out), signals_interrupt(), StagedOutput(out, check) as staged:
+    check_free_space(out, space_to_assemble(out, parts))
+    with output_errors(out, shard_size_option=False), signals_interrupt(), StagedOutput(out, check) as staged:
         bytes_written, linked = assemble_into(staged.staging, parts, checked.identities)
         staged.publish()
     shards = sum(len(p.manifest["shards"]) for p in parts)

@@ -40,7 +40,10 @@ def parse_size(text: str) -> int:
     unit = match[2].upper() if match else None
     if not match or unit not in _SIZE_UNITS:
         raise BadOptionError(f"cannot read size {text!r}", "use a number with an optional unit: 500MB, 2GiB, 0")
-    return int(float(match[1]) * _SIZE_UNITS[unit])
+    size = float(match[1]) * _SIZE_UNITS[unit]
+    if 0 < size < 1:  # int() would make it 0, which means "one file": never what was asked
+        raise BadOptionError(f"size {text!r} is less than one byte", "give a size of a byte or more (500MB, 2GiB), or 0 for one file")
+    return int(size)
 
 
 @dataclass

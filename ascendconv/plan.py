@@ -308,6 +308,8 @@ class Planner:
     def for_source(cls, source: Source, deployment: Deployment) -> Planner:
         """The planner of an opened source checkpoint (its headers, config and the files beside it)."""
         companions, unsafe = source.companion_files()
+        shards = {h.path.name for h in source.headers}  # weights whatever their name (an index may omit the suffix)
+        companions = [name for name in companions if name not in shards]
         return cls(
             source.tensors, source.linears, companions, source.total_bytes, source.config, deployment, unsafe_files=unsafe
         )

@@ -34,7 +34,8 @@ RUN_ONLY_OPTIONS = ("workers", "overwrite", "resume", "part")
 
 
 def canonical_json(value) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    # surrogatepass: a manifest is anyone's JSON, and "\ud800" in it must give a fingerprint, not a crash
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass")
 
 
 def sha256_hex(data: bytes) -> str:

@@ -223,3 +223,84 @@ def test_a_hostile_hf_ref_ends_at_once(tmp_path, monkeypatch, kind):
     (repo / "refs" / "main").write_text("abc" * 2000)  # far longer than any commit hash
     with pytest.raises(NotCachedError, match="more than the 4096 bytes"):
         resolve_source("org/name")
+
+
+# --- the smaller defects: each a named error or a true message ---------------------------------
+
+
+def test_a_lone_surrogate_tensor_name_is_a_named_error(tmp_path):
+    from ascendconv.errors import HeaderError
+    from ascendconv.io.safetensors import read_header
+    from robust_helpers import read_raw_header, write_raw_header
+
+    src = Path(shutil.copytree(FIXTURES / DENSE, tmp_path / "src"))
+    header, data = read_raw_header(src / "model.safetensors")
+    write_raw_header(src / "model.safetensors", header.replace(b'"model.norm.weight"', b'"model.norm\\ud800"'), data)
+    with pytest.raises(HeaderError, match="lone surrogate"):
+        read_header(src / "model.safetensors")
+    result = runner.invoke(app, ["convert", str(src), str(tmp_path / "out"), "--quiet"])
+    assert result.exit_code == 3 and "lone surrogate" in result.stderr and "Traceback" not in result.output
+
+
+def test_a_lone_surrogate_in_a_manifest_is_a_named_error(parts, tmp_path):
+    p1, p2 = copied_parts(parts, tmp_path)
+    manifest = json.loads((p2 / "ascendconv_part.json").read_text())
+    manifest["shards"]["\ud800.safetensors"] = "00" * 32
+    (p2 / "ascendconv_part.json").write_text(json.dumps(manifest))  # ASCII escapes: valid JSON
+    result = runner.invoke(app, ["assemble", str(tmp_path / "out"), str(p1), str(p2), "--quiet"])
+    assert result.exit_code == 3 and "Traceback" not in result.output, result.output
+    assert "is malformed" in result.stderr or "does not match its fingerprint" in result.stderr
+
+
+def test_metadata_that_is_not_an_object_is_refused(tmp_path):
+    from ascendconv.errors import HeaderError
+    from ascendconv.io.safetensors import read_header
+    from robust_helpers import write_raw_header
+
+    for metadata, refused in ((b"[]", True), (b'{"a": 1}', True), (b"null", False), (b'{"format": "pt"}', False)):
+        header = b'{"__metadata__": ' + metadata + b', "t": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}'
+        write_raw_header(tmp_path / "s.safetensors", header, b"\0")
+        if refused:
+            with pytest.raises(HeaderError, match="__metadata__ is"):
+                read_header(tmp_path / "s.safetensors")
+        else:
+            assert list(read_header(tmp_path / "s.safetensors").tensors) == ["t"]
+
+
+def test_out_equal_to_src_gives_no_overwrite_hint(tmp_path):
+    src = Path(shutil.copytree(FIXTURES / DENSE, tmp_path / "src"))
+    result = runner.invoke(app, ["convert", str(src), str(src), "--overwrite", "--quiet"])
+    assert result.exit_code == 2 and "is the source directory" in result.stderr
+    assert "--overwrite" not in result.stderr and "choose an OUT other than the source" in result.stderr
+
+
+def test_a_shard_size_below_one_byte_is_refused():
+    from ascendconv.errors import BadOptionError
+    from ascendconv.options import parse_size
+
+    with pytest.raises(BadOptionError, match="less than one byte"):
+        parse_size("0.4")
+    assert parse_size("0") == 0 and parse_size("1.5KB") == 1500 and parse_size("0.5KiB") == 512
+
+
+def test_an_index_shard_without_the_suffix_is_not_copied_as_a_companion(tmp_path):
+    src = Path(shutil.copytree(FIXTURES / "deepseek-v3-fp8", tmp_path / "src"))
+    index = json.loads((src / "model.safetensors.index.json").read_text())
+    (src / "model-00002-of-00002.safetensors").rename(src / "model-00002")
+    index["weight_map"] = {t: ("model-00002" if f == "model-00002-of-00002.safetensors" else f) for t, f in index["weight_map"].items()}
+    (src / "model.safetensors.index.json").write_text(json.dumps(index))
+    result = convert(src, tmp_path / "out", ConvertOptions())
+    assert "model-00002" not in result.plan.copied_files and not (tmp_path / "out" / "model-00002").exists()
+
+
+def test_assemble_checks_space_up_front_and_hints_no_option_it_lacks(parts, tmp_path, monkeypatch):
+    import ascendconv.assemble as assemble_module
+    from ascendconv.errors import NoSpaceError
+    from ascendconv.io.output import output_error
+
+    monkeypatch.setattr(assemble_module, "space_to_assemble", lambda out, parts: 2**62)
+    result = runner.invoke(app, ["assemble", str(tmp_path / "out"), *map(str, parts), "--quiet"])
+    assert result.exit_code == 4 and "the package needs" in result.stderr and not (tmp_path / "out").exists()
+    error = output_error(OSError(27, "File too large"), tmp_path / "out", shard_size_option=False)
+    assert "--max-shard-size" not in error.hint and "ulimit -f" in error.hint
+    assert isinstance(output_error(OSError(28, "No space"), tmp_path / "out"), NoSpaceError)

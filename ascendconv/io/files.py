@@ -41,6 +41,16 @@ def _kind(mode: int) -> str:
     return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
 
+def is_text(name: str) -> bool:
+    """Whether a string read from JSON is text: a lone surrogate (the escape \\ud800) is not, and no
+    file name, header or message can encode it."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def is_within(path: Path, root: Path) -> bool:
     """Whether `path` is `root` or lies below it (both already resolved)."""
     return path == root or root in path.parents

@@ -48,8 +48,8 @@ def check_output(out: Path, source_root: Path, overwrite: bool, marker: str) -> 
     shown = f"{out}" + (f" (= {real_out})" if str(real_out) != str(out.absolute()) else "")
     if real_out == Path(real_out.anchor) or real_out == Path(os.path.realpath(Path.home())):
         raise UnsafeOutputError(f"{shown}: the output directory is the filesystem root or the home directory")
-    if real_out == real_src:
-        raise OutputExistsError(f"{shown}: the output directory is the source directory")
+    if real_out == real_src:  # --overwrite cannot help: the source is never replaced
+        raise OutputExistsError(f"{shown}: the output directory is the source directory", "choose an OUT other than the source")
     if is_within(real_src, real_out):
         raise UnsafeOutputError(f"{shown}: the output directory contains the source {source_root}")
     if is_within(real_out, real_src):

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ascendconv.errors import HeaderError, TruncatedFileError, shown
-from ascendconv.io.files import lease, open_regular, parse_json_bytes, populate, unlease
+from ascendconv.io.files import is_text, lease, open_regular, parse_json_bytes, populate, unlease
 
 if TYPE_CHECKING:
     import numpy as np
@@ -156,9 +156,16 @@ def read_header(path: str | os.PathLike) -> SafetensorsHeader:
     if not isinstance(header, dict):
         raise HeaderError(f"{path}: the header is a JSON {type(header).__name__}, not an object")
 
-    metadata = header.pop("__metadata__", None) or {}
+    metadata = header.pop("__metadata__", None)  # null is what the safetensors library reads as none
+    metadata = {} if metadata is None else metadata
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
-        raise HeaderError(f"{path}: __metadata__ must map strings to strings")
+        raise HeaderError(f"{path}: __metadata__ is {shown(metadata)}; it must map strings to strings")
+    for name in header:
+        if not is_text(name):
+            raise HeaderError(
+                f"{path}: tensor name {shown(name)} holds a lone surrogate (an escape such as \\ud800), which is not "
+                "text: no file or header could carry it"
+            )
 
     data_start = 8 + header_len
     data_size = file_size - data_start

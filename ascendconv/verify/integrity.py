@@ -289,10 +289,10 @@ def _copies_against_source(lay: _Layout, source) -> tuple[int, list[str]]:
     from ascendconv.errors import CopiedFileError
     from ascendconv.io.files import copy_regular, read_json_object
     from ascendconv.package_files import strip_quantization_config
-    from ascendconv.plan import files_to_copy
+    from ascendconv.decide import Deployment
+    from ascendconv.plan import Planner
 
-    companions, _ = source.companion_files()
-    carried, _ = files_to_copy(companions)
+    carried = Planner.for_source(source, Deployment()).copied_files  # what convert carries from this source
     problems, compared = [], 0
     for name in carried:
         path = lay.root / name
