@@ -30,7 +30,7 @@ from ascendconv.plan import Plan
 
 LEDGER_NAME = ".ascendconv-resume.json"  # hidden: a source file of that name is never copied
 # Options that change no byte of the package: they are left out of the identity.
-RUN_ONLY_OPTIONS = ("workers", "overwrite", "resume", "part")
+RUN_ONLY_OPTIONS = ("workers", "overwrite", "resume", "part", "allow_unmatched_overrides")
 
 
 def canonical_json(value) -> bytes:

@@ -48,6 +48,10 @@ def convert(
     override: Annotated[
         Optional[List[str]], typer.Option(help="GLOB=TYPE on module names; repeatable, later wins.")
     ] = None,
+    allow_unmatched_override: Annotated[
+        bool,
+        typer.Option("--allow-unmatched-override", help="Warn, instead of failing, when an --override glob matches no module."),
+    ] = ConvertOptions.allow_unmatched_overrides,
     max_shard_size: Annotated[
         str, typer.Option(help="Shard size limit, e.g. 500MB, 2GiB; 0 for one file.")
     ] = size_text(ConvertOptions.max_shard_size),
@@ -110,6 +114,7 @@ def convert(
             resume=resume,
             part=parse_part(part) if part is not None else None,
             deployment=Deployment(tp, ep, shared_experts_as_routed),
+            allow_unmatched_overrides=allow_unmatched_override,
         )
         runner = run_convert
         if (ray or ray_address) and not dry_run:

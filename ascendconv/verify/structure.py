@@ -294,33 +294,40 @@ def check_packed_groups(lay: _Layout) -> Check:
     return make_check("packed_groups", problems, f"{len(groups)} packed group(s) and MoE layer(s), each of one type")
 
 
-def check_tp(lay: _Layout, tp: int, ep: bool = False) -> Check:
-    config = lay.pkg.config or {}
+def split_problem(prefix: str, label: str, n: int, k: int, routed: bool, deployment: Deployment, kv_heads) -> str | None:
+    """Why vLLM cannot split the linear `prefix` (N x K, of type `label`) over deployment.tp ranks,
+    or None. Shared by verify's `tp` check and by convert, which refuses a deployment up front."""
+    role = tp_role(prefix)
+    tp = deployment.tp
+    where = f"{prefix} ({label}, {role}-parallel)"
+    if role == "row":
+        rank_k_value, k_label = rank_k(prefix, k, routed, deployment)
+        problem = k_label if rank_k_value is None else alignment_problem(label, rank_k_value, routed, k_label)
+        return f"{where}: {problem}" if problem else None
+    last = prefix.rsplit(".", 1)[-1]
+    if last in KV_HEAD_PROJECTIONS and isinstance(kv_heads, int) and 0 < kv_heads < tp:
+        return f"{where}: {kv_heads} KV heads cannot be replicated evenly over {tp} ranks" if tp % kv_heads else None
+    return f"{where}: N={n} does not split over {tp} ranks (N/T = {n / tp:g})" if n % tp else None
+
+
+def kv_head_count(config: dict | None):
+    config = config or {}
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
-    kv_heads = config.get("num_key_value_heads", text.get("num_key_value_heads"))
+    return config.get("num_key_value_heads", text.get("num_key_value_heads"))
+
+
+def check_tp(lay: _Layout, tp: int, ep: bool = False) -> Check:
+    kv_heads = kv_head_count(lay.pkg.config)
     problems = []
     checked = 0
     for prefix, module in sorted(lay.modules.items()):
-        role = tp_role(prefix)
-        n, k = module.n, module.k
-        if role in (None, "replicated") or n is None:
+        if tp_role(prefix) in (None, "replicated") or module.n is None:
             continue
         checked += 1
-        where = f"{prefix} ({module.label}, {role}-parallel)"
-        if role == "row":
-            routed = is_routed_expert(prefix, lay.rules)
-            rank_k_value, k_label = rank_k(prefix, k, routed, Deployment(tp, ep))
-            problem = k_label if rank_k_value is None else alignment_problem(module.label, rank_k_value, routed, k_label)
-            if problem:
-                problems.append(f"{where}: {problem}")
-        else:
-            last = prefix.rsplit(".", 1)[-1]
-            if last in KV_HEAD_PROJECTIONS and isinstance(kv_heads, int) and 0 < kv_heads < tp:
-                if tp % kv_heads:
-                    problems.append(f"{where}: {kv_heads} KV heads cannot be replicated evenly over {tp} ranks")
-                continue
-            if n % tp:
-                problems.append(f"{where}: N={n} does not split over {tp} ranks (N/T = {n / tp:g})")
+        routed = is_routed_expert(prefix, lay.rules)
+        problem = split_problem(prefix, module.label, module.n, module.k, routed, Deployment(tp, ep), kv_heads)
+        if problem:
+            problems.append(problem)
     return make_check("tp", problems, f"{checked} split linears align under --tp {tp}")
 
 
