@@ -380,7 +380,7 @@ class Provenance:
         return _text(entry.get(algorithm))
 
     def size(self, shard: str) -> int | None:
-        """The size recorded for `shard` (packages written before 0.3 record none)."""
+        """The size recorded for `shard` (older packages record none)."""
         entry = (self.shards or {}).get(shard)
         size = entry.get("size") if isinstance(entry, dict) else None
         return size if type(size) is int else None

@@ -59,7 +59,7 @@ class ConvertOptions:
     resume: bool = False  # keep staging on failure; reuse the finished shards of a kept one
     part: tuple[int, int] | None = None  # (I, N): write only part I of N (see parts.py)
     deployment: Deployment = field(default_factory=Deployment)  # --tp, --ep, --shared-experts-as-routed
-    allow_unmatched_overrides: bool = False  # an --override glob matching no FP8 linear warns instead of failing
+    allow_unmatched_overrides: bool = False  # an --override glob matching no linear warns instead of failing
 
     def __post_init__(self) -> None:
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 0:

@@ -137,7 +137,7 @@ def _compare_source(
     if recorded is not None:
         # a name of another type than a string (a list: unhashable) is no shard of any source
         want = {f["name"]: f for f in recorded if isinstance(f, dict) and isinstance(f.get("name"), str)}
-        sampled = {name for name, f in want.items() if "data_sample" in f}  # packages before 0.3: no sample
+        sampled = {name for name, f in want.items() if "data_sample" in f}  # older packages: no sample
         have = {
             h.path.name: (h.file_size, source_fingerprint(h.header_bytes, h.file_size))
             + ((data_sample(h),) if h.path.name in sampled else ())

@@ -249,7 +249,7 @@ def check_checksums(lay: _Layout, findings: _ScanFindings) -> Check:
 
 def check_copies(lay: _Layout, source=None) -> Check:
     """The package's files other than shards (description, index, config.json, tokenizer, code) have
-    the sha256 the provenance recorded as written; with `source` (a SourceCheckpoint), the files
+    the sha256 the provenance recorded as written; with `source` (an opened Source), the files
     carried from it are also its files: config.json once its quantization keys are removed, the
     others byte for byte."""
     from ascendconv.io.files import copy_regular
@@ -258,7 +258,7 @@ def check_copies(lay: _Layout, source=None) -> Check:
     recorded = lay.pkg.record.files
     if recorded is None:
         if source is None:
-            return skip_check("copies", f"{PROVENANCE_NAME} records no digests of the package's other files (written before 0.3)")
+            return skip_check("copies", f"{PROVENANCE_NAME} records no digests of the package's other files (an older package)")
         recorded = {}
     problems = []
     for name, want in sorted(recorded.items()):
