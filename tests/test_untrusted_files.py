@@ -304,3 +304,22 @@ def test_assemble_checks_space_up_front_and_hints_no_option_it_lacks(parts, tmp_
     error = output_error(OSError(27, "File too large"), tmp_path / "out", shard_size_option=False)
     assert "--max-shard-size" not in error.hint and "ulimit -f" in error.hint
     assert isinstance(output_error(OSError(28, "No space"), tmp_path / "out"), NoSpaceError)
+
+
+def test_more_source_shards_than_descriptors_convert_and_verify(tmp_path):
+    """300 source shards under `ulimit -n 128` (as 1,000+ under 1024): the reader keeps at most a
+    quarter of the limit open, so neither convert nor verify --source runs out of descriptors."""
+    import resource
+
+    from conftest import write_large_checkpoint
+
+    src = write_large_checkpoint(tmp_path / "src", shards=300, linears_per_shard=1, n=128, k=128)
+    out = tmp_path / "out"
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))
+
+    result = run_cli("convert", src, out, "--quiet", "--kernel", "reference", preexec_fn=limited, timeout=600)
+    assert result.returncode == 0, result.stderr
+    result = run_cli("verify", out, "--source", src, "--quiet", preexec_fn=limited, timeout=600)
+    assert result.returncode == 0, result.stderr
