@@ -260,6 +260,10 @@ class RayCapacityError(EnvironmentProblem):
     default_hint = "lower --ray-cpus to what one node of the cluster has, or add nodes"
 
 
+class OutOfMemoryError(EnvironmentProblem):
+    default_hint = "free memory, raise the limit (ulimit -v), or use fewer --workers"
+
+
 class OutputWriteError(EnvironmentProblem):
     default_hint = "free space, raise the file-size limit or choose another OUT; nothing was left at OUT"
 

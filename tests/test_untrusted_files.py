@@ -323,3 +323,22 @@ def test_more_source_shards_than_descriptors_convert_and_verify(tmp_path):
     assert result.returncode == 0, result.stderr
     result = run_cli("verify", out, "--source", src, "--quiet", preexec_fn=limited, timeout=600)
     assert result.returncode == 0, result.stderr
+
+
+def test_no_memory_to_map_a_tensor_is_the_machine_not_damaged_input(monkeypatch):
+    import errno
+    import mmap as mmap_module
+
+    from ascendconv.errors import OutOfMemoryError
+    from ascendconv.io.safetensors import TensorReader, read_header
+
+    header = read_header(FIXTURES / DENSE / "model.safetensors")
+    entry = next(e for e in header.tensors.values() if e.nbytes)
+
+    def no_memory(*args, **kwargs):
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    monkeypatch.setattr(mmap_module, "mmap", no_memory)
+    with TensorReader() as reader, pytest.raises(OutOfMemoryError, match="no memory left to map") as refused:
+        reader.map_range(entry, 0, entry.nbytes)
+    assert refused.value.exit_code == 4

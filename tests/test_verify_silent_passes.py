@@ -116,6 +116,9 @@ def test_a_float_group_size_fails(package):
     (pkg / "quant_model_description.json").write_text(json.dumps(description))
     rerecord(pkg, "quant_model_description.json")
     assert "group_size is 32.0, expected the integer 32" in failed(verify(pkg))["description"]
+    from ascendconv.inspect import inspect_path
+
+    assert "group_size is 32.0, expected 32" in inspect_path(pkg).problems
 
 
 def test_a_stray_hf_index_fails(package):

@@ -9,6 +9,7 @@ written by `io.writer.ShardWriter`.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import math
 import mmap
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
-from ascendconv.errors import HeaderError, TruncatedFileError, shown
+from ascendconv.errors import HeaderError, OutOfMemoryError, TruncatedFileError, shown
 from ascendconv.io.files import is_text, lease, open_regular, parse_json_bytes, populate, unlease
 
 if TYPE_CHECKING:
@@ -376,6 +377,8 @@ class TensorReader:
             with self._open(entry.path) as fd:
                 mapped = mmap.mmap(fd, length, access=mmap.ACCESS_READ, offset=aligned)
         except (OSError, ValueError) as exc:  # e.g. the file shrank below the range
+            if getattr(exc, "errno", None) == errno.ENOMEM:  # this machine's memory, not the file, is short
+                raise OutOfMemoryError(f"{entry.path}: no memory left to map tensor {shown(entry.name)}") from exc
             raise TruncatedFileError(f"{entry.path}: tensor {shown(entry.name)} is cut short ({exc})") from exc
         if not populate(mapped, 0, length):
             mapped.close()
