@@ -27,7 +27,8 @@ from ascendconv.formats.constants import (
 # --- files ---------------------------------------------------------------------------------------
 
 SHARD_NAME = "quant_model_weights-{:05d}-of-{:05d}.safetensors"
-SHARD_PATTERN = re.compile(r"^quant_model_weights-(\d{5})-of-(\d{5})\.safetensors$")
+# five digits at least: a plan of more than 99,999 shards names them with six, which must still match
+SHARD_PATTERN = re.compile(r"^quant_model_weights-(\d{5,})-of-(\d{5,})\.safetensors$")
 SINGLE_SHARD_NAME = "quant_model_weights.safetensors"  # --max-shard-size 0: one file, no index
 INDEX_NAME = "quant_model_weights.safetensors.index.json"
 DESCRIPTION_NAME = "quant_model_description.json"
@@ -238,11 +239,13 @@ def _json_value(value):
 
 @dataclass(frozen=True)
 class SourceFileRecord:
-    """One source shard as provenance identifies it: its header and size, not its data."""
+    """One source shard as provenance identifies it: its header and size, and a sample of its data
+    (so two checkpoints of one layout, a fine-tune or a re-upload, are told apart)."""
 
     name: str
     size: int
     fingerprint: str  # sha256 of the header bytes and the size
+    data_sample: str  # BLAKE3 of sampled windows of the data (io.checksum.sampled_digest)
 
 
 @dataclass(frozen=True)
@@ -289,16 +292,25 @@ class ProvenanceRecord:
         """The record as JSON (what a part manifest keeps to write the provenance when assembled)."""
         return _json_value(self)
 
-    def document(self, digests: dict[str, str], date: str) -> dict:
-        return provenance_document(self.base(), digests, date)
+    def document(self, digests: dict[str, str], sizes: dict[str, int], files: dict[str, str], date: str) -> dict:
+        return provenance_document(self.base(), digests, sizes, files, date)
 
 
-def provenance_document(base: dict, digests: dict[str, str], date: str) -> dict:
+def provenance_document(
+    base: dict, digests: dict[str, str], sizes: dict[str, int], files: dict[str, str], date: str
+) -> dict:
     """The provenance file: a record's JSON (`ProvenanceRecord.base`), the date the package was
     written (the only field that depends on the run: kept out of the record, so parts converted at
-    different times still make one plan), then every shard's digest under the record's algorithm."""
-    shards = {name: {base["checksum"]: digest} for name, digest in sorted(digests.items())}
-    return {**base, "date": date, "shards": shards}
+    different times still make one plan), the sha256 of every other file the package holds
+    (description, index, config.json, the files copied from the source), then every shard's digest
+    under the record's checksum algorithm and its size (which verify compares before it reads a
+    byte of the shard)."""
+    return {
+        **base,
+        "date": date,
+        "files": dict(sorted(files.items())),
+        "shards": {name: {base["checksum"]: digest, "size": sizes[name]} for name, digest in sorted(digests.items())},
+    }
 
 
 def package_date(environ=None) -> str:
@@ -439,6 +451,21 @@ class Provenance:
         if not isinstance(entry, dict) or not isinstance(algorithm, str):
             return None
         return _text(entry.get(algorithm))
+
+    def size(self, shard: str) -> int | None:
+        """The size recorded for `shard` (older packages record none)."""
+        entry = (self.shards or {}).get(shard)
+        size = entry.get("size") if isinstance(entry, dict) else None
+        return size if type(size) is int else None
+
+    @property
+    def files(self) -> dict[str, str] | None:
+        """File name -> sha256 of the package's files other than shards and provenance, as written;
+        None when not recorded (older packages) or not of that shape."""
+        files = self.raw.get("files")
+        if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
+            return None
+        return files
 
     @property
     def source_nonfinite(self) -> dict[str, int]:

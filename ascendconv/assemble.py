@@ -19,22 +19,24 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ascendconv.ascendv1 import package_date, provenance_document
-from ascendconv.package_files import dump_json
+from ascendconv.package_files import dump_json, shard_sizes
 from ascendconv.pipeline import Progress
 from ascendconv.errors import (
     DuplicatePartError,
     ForeignPartError,
     MissingPartError,
     NotFoundError,
+    NotRegularFileError,
     PartError,
     ShardChecksumError,
 )
 from ascendconv.io.outdir import StagedOutput, check_output, signals_interrupt
-from ascendconv.io.output import check_output_path, output_errors
-from ascendconv.io.checksum import CHECKSUM, file_digest
+from ascendconv.io.output import check_free_space, check_output_path, existing_ancestor, output_errors, space_needed
+from ascendconv.io.checksum import CHECKSUM, hashed_file
+from ascendconv.io.files import COPY_CHUNK, copy_regular, create_new, file_size, is_text, open_regular, read_json_object
 from ascendconv.parts import PART_FORMAT, assign_parts
 from ascendconv.ascendv1 import DESCRIPTION_NAME, PART_MANIFEST_NAME, PROVENANCE_NAME
-from ascendconv.resume import differences, fingerprint, read_json, sha256_hex
+from ascendconv.resume import differences, fingerprint
 
 
 @dataclass
@@ -71,7 +73,8 @@ class AssembleResult:
 def read_part(directory: Path) -> Part:
     if not directory.is_dir():
         raise NotFoundError(f"{directory}: no such directory")
-    manifest = read_json(directory / PART_MANIFEST_NAME)
+    path = directory / PART_MANIFEST_NAME
+    manifest = read_json_object(path, PartError) if os.path.lexists(path) else None
     if manifest is None or manifest.get("format") != PART_FORMAT:
         raise PartError(f"{directory}: is not a part directory (no readable {PART_MANIFEST_NAME} of {PART_FORMAT})")
     identity = manifest.get("identity")
@@ -85,8 +88,10 @@ def read_part(directory: Path) -> Part:
 def _plain_names(mapping) -> bool:
     """A dict of file name -> checksum, every name a plain file of the directory (no path, not hidden)."""
     return isinstance(mapping, dict) and all(
-        isinstance(k, str) and isinstance(v, str) and k == Path(k).name and not k.startswith(".") for k, v in mapping.items()
+        isinstance(k, str) and isinstance(v, str) and k == Path(k).name and not k.startswith(".") and is_text(k)
+        for k, v in mapping.items()
     )
+
 
 
 def _well_formed(manifest: dict) -> bool:
@@ -95,6 +100,7 @@ def _well_formed(manifest: dict) -> bool:
     number, count = manifest.get("part"), manifest.get("parts")
     return (
         isinstance(number, int) and isinstance(count, int) and 1 <= number <= count
+        and identity.get("parts") == count and isinstance(planned, list) and count <= len(planned)
         and isinstance(manifest.get("checksum"), str)
         and _plain_names(manifest.get("shards")) and _plain_names(manifest.get("files"))
         and isinstance(identity.get("provenance"), dict)
@@ -135,65 +141,114 @@ def check_parts(parts: list[Part]) -> None:
             raise PartError(f"{part.label}: holds shards {sorted(part.manifest['shards'])}, the plan gives it {expected}")
 
 
-def check_files(parts: list[Part], workers: int, progress: Progress | None) -> None:
-    """Every shard and small file of every part still has the checksum its manifest records."""
+def check_files(parts: list[Part], workers: int, progress: Progress | None) -> dict[Path, tuple[int, int]]:
+    """Every shard and small file of every part still has the checksum its manifest records; a shard
+    must be a regular file itself (a symlink would be linked into the package as a symlink). Returns
+    the (device, inode) of each shard hashed, which the link made of it must be."""
     jobs = [(part, name, digest) for part in parts for name, digest in part.manifest["shards"].items()]
-    total = sum((p.directory / n).stat().st_size for p, n, _ in jobs if (p.directory / n).is_file())
+    total = sum(file_size(p.directory / n) for p, n, _ in jobs)
     done = 0
+    identities: dict[Path, tuple[int, int]] = {}
 
-    def digest_of(job) -> tuple[str | None, int]:
+    def digest_of(job) -> tuple[str | None, os.stat_result | None]:
         path = job[0].directory / job[1]
-        return (file_digest(path, CHECKSUM), path.stat().st_size) if path.is_file() else (None, 0)
+        if not os.path.lexists(path):
+            return None, None
+        try:
+            return hashed_file(path, CHECKSUM, follow=False)
+        except NotRegularFileError as exc:
+            raise PartError(f"{exc.message} in {job[0].label}", "a part's shards are the regular files convert wrote") from None
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        for (part, name, want), (got, size) in zip(jobs, pool.map(digest_of, jobs)):
+        for (part, name, want), (got, status) in zip(jobs, pool.map(digest_of, jobs)):
             if got != want:
                 state = "is missing" if got is None else f"has {CHECKSUM} {got[:16]}..., not the {want[:16]}... recorded"
                 raise ShardChecksumError(f"{part.directory / name}: {state} in {part.label}'s manifest")
-            done += size
+            identities[part.directory / name] = (status.st_dev, status.st_ino)
+            done += status.st_size
             if progress:
                 progress(done, total)
     for part in parts:
         for name, want in part.manifest["files"].items():
             path = part.directory / name
-            if not path.is_file() or sha256_hex(path.read_bytes()) != want:
+            if not os.path.lexists(path) or copy_regular(path, None, PartError) != want:
                 raise ShardChecksumError(f"{path}: differs from what {part.label}'s manifest records")
+    return identities
 
 
-def link_or_copy(source: Path, target: Path) -> bool:
-    """Hard-link `source` as `target` (True), or copy it when a link is impossible (False)."""
+def link_or_copy(source: Path, target: Path, identity: tuple[int, int]) -> bool:
+    """Hard-link `source` as `target` (True), or copy it when a link is impossible (False); either way
+    the file linked or copied must be the one checked (`identity`: its device and inode), not one put
+    in its place since."""
     try:
-        os.link(source, target)
-        return True
+        os.link(source, target, follow_symlinks=False)
+        linked = True
     except OSError as exc:
         if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES):
             raise
-    shutil.copyfile(source, target)
+        linked = False
+    if linked:
+        st = os.lstat(target)
+        if (st.st_dev, st.st_ino) != identity:
+            raise ShardChecksumError(f"{source}: was replaced after its checksum was checked")
+        return True
+    fd, _ = open_regular(source, follow=False)
+    try:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != identity:
+            raise ShardChecksumError(f"{source}: was replaced after its checksum was checked")
+        with os.fdopen(create_new(target), "wb") as out, os.fdopen(fd, "rb", closefd=False) as inp:
+            shutil.copyfileobj(inp, out, COPY_CHUNK)
+    finally:
+        os.close(fd)
     return False
 
 
-def assemble_into(staging: Path, parts: list[Part]) -> tuple[int, int]:
+def assemble_into(staging: Path, parts: list[Part], identities: dict[Path, tuple[int, int]]) -> tuple[int, int]:
     """Write the package from checked parts into `staging`; return (bytes of shards, shards linked)."""
     digests: dict[str, str] = {}
     linked = 0
     for part in parts:
         for name, digest in part.manifest["shards"].items():
-            linked += link_or_copy(part.directory / name, staging / name)
+            source = part.directory / name
+            linked += link_or_copy(source, staging / name, identities[source])
             digests[name] = digest
-    for name in parts[0].manifest["files"]:
-        shutil.copyfile(parts[0].directory / name, staging / name)
-    provenance = provenance_document(parts[0].manifest["identity"]["provenance"], digests, package_date())
+    for name, want in parts[0].manifest["files"].items():
+        path = parts[0].directory / name
+        if copy_regular(path, staging / name, PartError) != want:
+            raise ShardChecksumError(f"{path}: changed after it was checked against {parts[0].label}'s manifest")
+    base = parts[0].manifest["identity"]["provenance"]
+    provenance = provenance_document(base, digests, shard_sizes(staging, digests), parts[0].manifest["files"], package_date())
     dump_json(staging / PROVENANCE_NAME, provenance)
     return sum((staging / name).stat().st_size for name in digests), linked
 
 
-def checked_parts(directories: list[Path], workers: int = 0, progress: Progress | None = None) -> list[Part]:
+@dataclass
+class CheckedParts:
+    parts: list[Part]  # by part number
+    identities: dict[Path, tuple[int, int]]  # each shard's (device, inode) as checked
+
+
+def checked_parts(directories: list[Path], workers: int = 0, progress: Progress | None = None) -> CheckedParts:
     if not directories:
         raise MissingPartError("no part directory given")
     parts = [read_part(Path(d)) for d in directories]
     check_parts(parts)
-    check_files(parts, workers or os.cpu_count() or 1, progress)
-    return sorted(parts, key=lambda p: p.manifest["part"])
+    identities = check_files(parts, workers or os.cpu_count() or 1, progress)
+    return CheckedParts(sorted(parts, key=lambda p: p.manifest["part"]), identities)
+
+
+def space_to_assemble(out: Path, parts: list[Part]) -> int:
+    """Bytes assembling adds at OUT at most: the shards of parts on another file system than OUT
+    (copied; the others are hard-linked and take no space), the small files, and a margin."""
+    device = os.stat(existing_ancestor(out.parent)).st_dev
+    copied = sum(
+        file_size(part.directory / name)
+        for part in parts if os.stat(part.directory).st_dev != device
+        for name in part.manifest["shards"]
+    )
+    small = sum(file_size(parts[0].directory / name) for name in parts[0].manifest["files"])
+    return space_needed([], copied, small)
 
 
 def assemble(
@@ -205,7 +260,8 @@ def assemble(
 ) -> AssembleResult:
     started = time.perf_counter()
     out = Path(out)
-    parts = checked_parts([Path(d) for d in directories], workers, progress)
+    checked = checked_parts([Path(d) for d in directories], workers, progress)
+    parts = checked.parts
 
     def check() -> None:
         for part in parts:
@@ -213,8 +269,9 @@ def assemble(
 
     check_output_path(out)
     check()
-    with output_errors(out), signals_interrupt(), StagedOutput(out, check) as staged:
-        bytes_written, linked = assemble_into(staged.staging, parts)
+    check_free_space(out, space_to_assemble(out, parts))
+    with output_errors(out, shard_size_option=False), signals_interrupt(), StagedOutput(out, check) as staged:
+        bytes_written, linked = assemble_into(staged.staging, parts, checked.identities)
         staged.publish()
     shards = sum(len(p.manifest["shards"]) for p in parts)
     return AssembleResult(out, len(parts), shards, linked, bytes_written, time.perf_counter() - started)

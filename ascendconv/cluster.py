@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -20,10 +21,11 @@ from pathlib import Path
 from ascendconv.assemble import assemble_into, checked_parts
 from ascendconv.convert import ConvertOptions, ConvertResult, convert, plan_for, space_to_write
 from ascendconv.pipeline import Kernel, Progress
-from ascendconv.errors import AscendconvError, PartFailedError, RayMissingError
-from ascendconv.io.outdir import StagedOutput, check_output, signals_interrupt
+from ascendconv.errors import AscendconvError, PartFailedError, RayCapacityError, RayMissingError, RayUnreachableError
+from ascendconv.io.outdir import StagedOutput, as_interrupt, check_output, signals_interrupt, signals_kept
 from ascendconv.io.output import check_free_space, check_output_path, output_errors
 from ascendconv.options import RayOptions
+from ascendconv.parts import check_part_count
 from ascendconv.ascendv1 import DESCRIPTION_NAME
 from ascendconv.plan import OutputKind, Plan
 from ascendconv.sources import Source, open_source
@@ -44,11 +46,51 @@ def source_bytes(source: Source, plan: Plan) -> int:
     return sum(source.tensors[t.source].nbytes for t in plan.tensors if t.kind is not OutputKind.MX_SCALE)
 
 
+CONNECT_SECONDS = 10.0  # to reach the head node named by --ray-address before Ray is asked to
+
+
 def part_count(ray, plan: Plan, options: RayOptions) -> int:
     if options.parts:
+        check_part_count(options.parts, len(plan.shards), f"--ray-parts {options.parts}")
         return options.parts
     slots = int(ray.cluster_resources().get("CPU", 1) // max(options.cpus_per_task, 1))
     return max(1, min(len(plan.shards), slots))
+
+
+def check_reachable(options: RayOptions) -> None:
+    """A head node named by HOST:PORT must answer within CONNECT_SECONDS: Ray itself retries an
+    unreachable address for minutes, deaf to SIGTERM."""
+    endpoint = options.endpoint
+    if endpoint is None:
+        return
+    try:
+        socket.create_connection(endpoint, timeout=CONNECT_SECONDS).close()
+    except OSError as exc:
+        reason = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
+        raise RayUnreachableError(
+            f"--ray-address {options.address}: cannot reach {endpoint[0]} port {endpoint[1]} ({reason} within "
+            f"{CONNECT_SECONDS:g} s)"
+        ) from None
+
+
+def start_ray(ray, options: RayOptions) -> None:
+    check_reachable(options)
+    try:
+        with signals_kept():  # Ray's driver installs a SIGTERM handler of its own; ours stay
+            ray.init(address=options.address, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    except (ConnectionError, TimeoutError, RuntimeError) as exc:
+        raise RayUnreachableError(f"Ray at {options.address or 'a new local instance'}: {exc}") from None
+
+
+def check_placeable(ray, options: RayOptions) -> None:
+    """A task asks for cpus_per_task CPUs of one node: if no node has that many, Ray would wait for
+    one for ever, in silence."""
+    largest = max((node.get("Resources", {}).get("CPU", 0) for node in ray.nodes() if node.get("Alive")), default=0)
+    if largest < options.cpus_per_task:
+        raise RayCapacityError(
+            f"--ray-cpus {options.cpus_per_task}: no node of the Ray cluster has that many CPUs (the largest has "
+            f"{largest:g}), so no task could ever start"
+        )
 
 
 class ProgressBoard:
@@ -98,21 +140,25 @@ def convert_on_ray(
     finally:
         source.close()
     started_ray = not ray.is_initialized()
-    if started_ray:
-        ray.init(address=ray_options.address, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-    try:
-        count = part_count(ray, plan, ray_options)
-        with output_errors(out), signals_interrupt(), StagedOutput(out, check) as staged:
-            directories = [staged.staging / f".part-{i}-of-{count}" for i in range(1, count + 1)]
-            reused = run_parts(ray, root, directories, options, ray_options, total, progress)
-            parts = checked_parts(directories, options.workers)
-            bytes_written, _ = assemble_into(staged.staging, parts)
-            for leftover in staged.staging.glob(".*"):  # the parts (their shards are linked) and their locks
-                shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
-            staged.publish()
-    finally:
+    # our SIGTERM / SIGINT handling from the start: Ray's own would exit 1 (or 134) with its dump
+    with signals_interrupt():
         if started_ray:
-            ray.shutdown()
+            start_ray(ray, ray_options)
+        try:
+            check_placeable(ray, ray_options)
+            count = part_count(ray, plan, ray_options)
+            with output_errors(out), StagedOutput(out, check) as staged:
+                directories = [staged.staging / f".part-{i}-of-{count}" for i in range(1, count + 1)]
+                reused = run_parts(ray, root, directories, options, ray_options, total, progress, not started_ray)
+                checked = checked_parts(directories, options.workers)
+                parts = checked.parts
+                bytes_written, _ = assemble_into(staged.staging, parts, checked.identities)
+                for leftover in staged.staging.glob(".*"):  # the parts (their shards are linked) and their locks
+                    shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
+                staged.publish()
+        finally:
+            if started_ray:
+                ray.shutdown()
     digests = {name: digest for part in parts for name, digest in part.manifest["shards"].items()}
     seconds = time.perf_counter() - started
     return ConvertResult(out, plan, options.kernel, seconds, False, digests, bytes_written, sorted(reused))
@@ -120,10 +166,12 @@ def convert_on_ray(
 
 def run_parts(
     ray, root: Path, directories: list[Path], options: ConvertOptions, ray_options: RayOptions, total: int,
-    progress: Progress | None,
+    progress: Progress | None, cancel_on_failure: bool = True,
 ) -> list[str]:
     """Run part 1..N as Ray tasks; when all succeeded, return the shards retries reused; raise the
-    first failure's error."""
+    first failure's error. On a failure the tasks still pending are cancelled where they outlive
+    us (`cancel_on_failure`: a cluster we joined); a Ray we started stops them as it shuts down,
+    and cancelling them first races that shutdown (Ray's core worker then aborts the process)."""
     count = len(directories)
     board = ray.remote(num_cpus=0)(ProgressBoard).remote() if progress else None
     task = ray.remote(convert_part).options(
@@ -143,9 +191,11 @@ def run_parts(
                 reused += _result_of(ray, ref, refs[ref], count, ray_options.max_retries)
             if progress:
                 progress(min(ray.get(board.done.remote()), total), total)
-    except BaseException:
-        for ref in pending:
+    except BaseException as exc:
+        for ref in pending if cancel_on_failure else ():
             ray.cancel(ref, force=True)
+        if isinstance(exc, KeyboardInterrupt):
+            raise as_interrupt(exc) from None
         raise
     if progress:
         progress(total, total)

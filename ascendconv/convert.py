@@ -23,8 +23,17 @@ from ascendconv.options import KERNELS, ConvertOptions
 from ascendconv.package_files import copied_file_digests, provenance_record, write_package_files, write_plan_files
 from ascendconv.parts import PART_MANIFEST_NAME, part_shards, write_part_manifest
 from ascendconv.pipeline import Kernel, Notice, Progress, write_shards
+from ascendconv.models import tp_role
 from ascendconv.plan import Plan, Planner
-from ascendconv.resume import LEDGER_NAME, Ledger, adopter, plan_identity, recorded_shards, verify_in_background
+from ascendconv.resume import (
+    LEDGER_NAME,
+    Ledger,
+    adopter,
+    plan_identity,
+    recorded_shards,
+    unchanged_shards,
+    verify_in_background,
+)
 from ascendconv.sources import Source, open_source
 
 
@@ -57,13 +66,50 @@ class ConvertResult:
 
 
 def plan_for(source: Source, options: ConvertOptions) -> Plan:
-    return Planner.for_source(source, options.deployment).plan(
+    plan = Planner.for_source(source, options.deployment).plan(
         scheme=options.scheme,
         scale_rule=options.scale_rule,
         resolve_dtype=options.resolve_dtype,
         overrides=options.overrides,
         max_shard_size=options.max_shard_size,
     )
+    check_overrides(plan, options)
+    check_deployment(source, plan)
+    return plan
+
+
+def check_overrides(plan: Plan, options: ConvertOptions) -> None:
+    """An --override glob that matches no linear is a typo (model.layer.0.* for model.layers.0.*)
+    until the user says it is not."""
+    if plan.unmatched_overrides and not options.allow_unmatched_overrides:
+        raise BadOptionError(
+            f"--override {', '.join(plan.unmatched_overrides)}: matches no linear of the source",
+            "check the glob against `ascendconv inspect SRC` (module names such as model.layers.0.mlp.down_proj), or "
+            "pass --allow-unmatched-override",
+        )
+
+
+def check_deployment(source: Source, plan: Plan) -> None:
+    """A --tp the package could not be served under is refused before anything is written, naming
+    the layers (the same rule as verify's `tp` check, which would reject the package)."""
+    deployment = plan.deployment
+    if deployment.tp == 1:
+        return
+    from ascendconv.verify.checks import CHECKS  # only here: a dry run imports nothing of verify
+    from ascendconv.verify.structure import kv_head_count, split_problem
+
+    kv_heads = kv_head_count(source.config)
+    problems = []
+    for prefix, decision in sorted(plan.decisions.items()):
+        if tp_role(prefix) in (None, "replicated"):
+            continue
+        n, k = decision.shape
+        problem = split_problem(prefix, decision.written, n, k, plan.facts[prefix].routed, deployment, kv_heads)
+        if problem:
+            problems.append(problem)
+    if problems:
+        shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
+        raise BadOptionError(f"--tp {deployment.tp}: the package could not be served: {shown}", CHECKS["tp"].hint)
 
 
 def convert(
@@ -172,7 +218,8 @@ def resume_shards(
     staging = staged.staging
     recorded = recorded_shards(staging, [plan.shards[i].file for i in wanted]) if staged.resumed else {}
     ledger = Ledger(staging, identity, recorded)
-    verified = verify_in_background(staging, recorded)
+    trusted = unchanged_shards(staging, recorded)
+    verified = verify_in_background(staging, {n: e["digest"] for n, e in recorded.items() if n not in trusted})
     todo = [i for i in wanted if plan.shards[i].file not in recorded]
 
     def record(file: str, checksum: str) -> None:
@@ -180,7 +227,7 @@ def resume_shards(
         on_closed(file, checksum)
 
     digests = write_shards(source, plan, kernel, staging, workers, progress, todo, record)
-    reused = verified()
+    reused = {**trusted, **verified()}
     again = [i for i in wanted if plan.shards[i].file in recorded and plan.shards[i].file not in reused]
     for i in again:
         ledger.forget(plan.shards[i].file)

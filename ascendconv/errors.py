@@ -214,6 +214,20 @@ class IncompleteMoEError(InputError):
     default_hint = "the checkpoint is incomplete or its config.json disagrees with it; download it again"
 
 
+class CopiedFileError(InputError):
+    default_hint = (
+        "a file the package carries from the source (config, tokenizer, code) must be a regular file: "
+        "replace it with one, or remove it from the source"
+    )
+
+
+class ResumeLedgerError(InputError):
+    default_hint = (
+        "the kept work's ledger is not one ascendconv wrote: remove that staging directory, or pass "
+        "--overwrite to discard it and start afresh"
+    )
+
+
 class PackageError(InputError):
     default_hint = "pass a directory written by `ascendconv convert`"
 
@@ -236,6 +250,18 @@ class NpuUnavailableError(EnvironmentProblem):
         "run on an Ascend 950 with torch_npu and vllm-ascend installed (pip install 'ascendconv[npu]'), "
         "or drop --on-npu"
     )
+
+
+class RayUnreachableError(EnvironmentProblem):
+    default_hint = "start the cluster (ray start --head), check --ray-address and the network, or drop it to run locally"
+
+
+class RayCapacityError(EnvironmentProblem):
+    default_hint = "lower --ray-cpus to what one node of the cluster has, or add nodes"
+
+
+class OutOfMemoryError(EnvironmentProblem):
+    default_hint = "free memory, raise the limit (ulimit -v), or use fewer --workers"
 
 
 class OutputWriteError(EnvironmentProblem):

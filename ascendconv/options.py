@@ -40,7 +40,10 @@ def parse_size(text: str) -> int:
     unit = match[2].upper() if match else None
     if not match or unit not in _SIZE_UNITS:
         raise BadOptionError(f"cannot read size {text!r}", "use a number with an optional unit: 500MB, 2GiB, 0")
-    return int(float(match[1]) * _SIZE_UNITS[unit])
+    size = float(match[1]) * _SIZE_UNITS[unit]
+    if 0 < size < 1:  # int() would make it 0, which means "one file": never what was asked
+        raise BadOptionError(f"size {text!r} is less than one byte", "give a size of a byte or more (500MB, 2GiB), or 0 for one file")
+    return int(size)
 
 
 @dataclass
@@ -56,6 +59,7 @@ class ConvertOptions:
     resume: bool = False  # keep staging on failure; reuse the finished shards of a kept one
     part: tuple[int, int] | None = None  # (I, N): write only part I of N (see parts.py)
     deployment: Deployment = field(default_factory=Deployment)  # --tp, --ep, --shared-experts-as-routed
+    allow_unmatched_overrides: bool = False  # an --override glob matching no linear warns instead of failing
 
     def __post_init__(self) -> None:
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 0:
@@ -69,12 +73,44 @@ DEFAULT_RAY_CPUS_PER_TASK = 2
 DEFAULT_RAY_MAX_RETRIES = 2  # attempts after the first, per part
 
 
+MAX_RAY_RETRIES = 100  # Ray reads -1 as "for ever"; a bound keeps a broken part from retrying without end
+# What --ray-address may be: auto / local (Ray's own words), HOST:PORT of a cluster's head, or
+# ray://HOST:PORT of its client server.
+RAY_ADDRESS = re.compile(r"^(?:auto|local|(?:ray://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(?P<port>\d{1,5}))$")
+
+
 @dataclass
 class RayOptions:
     address: str | None = None  # None: the Ray instance this process already runs, else a new local one
     parts: int = DEFAULT_RAY_PARTS
     cpus_per_task: int = DEFAULT_RAY_CPUS_PER_TASK
     max_retries: int = DEFAULT_RAY_MAX_RETRIES
+
+    def __post_init__(self) -> None:
+        """Checked before Ray is imported or started: a wrong value is a usage error, never a hang."""
+        for flag, value, low, high in (
+            ("--ray-parts", self.parts, 0, None),
+            ("--ray-cpus", self.cpus_per_task, 1, None),
+            ("--ray-retries", self.max_retries, 0, MAX_RAY_RETRIES),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+                bound = f"from {low} to {high}" if high is not None else f"{low} or more"
+                raise BadOptionError(f"{flag} {value}: must be a whole number {bound}")
+        if self.address is not None:
+            match = RAY_ADDRESS.match(self.address)
+            if not match or (match["port"] is not None and not 1 <= int(match["port"]) <= 65535):
+                raise BadOptionError(
+                    f"--ray-address {self.address!r}: not a Ray address",
+                    "write auto, HOST:PORT of the head node (e.g. 10.0.0.1:6379) or ray://HOST:PORT of its client server",
+                )
+
+    @property
+    def endpoint(self) -> tuple[str, int] | None:
+        """(host, port) that --ray-address names, or None for auto, local or none."""
+        match = RAY_ADDRESS.match(self.address or "")
+        if not match or match["port"] is None:
+            return None
+        return match["host"].strip("[]"), int(match["port"])
 
 
 # --- verify --------------------------------------------------------------------------------------

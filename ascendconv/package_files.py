@@ -8,7 +8,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 from pathlib import Path
 
 from ascendconv import __version__
@@ -23,7 +22,9 @@ from ascendconv.ascendv1 import (
     SourceRecord,
     package_date,
 )
-from ascendconv.io.checksum import CHECKSUM
+from ascendconv.errors import CopiedFileError
+from ascendconv.io.checksum import CHECKSUM, sampled_digest
+from ascendconv.io.files import MAX_COPIED_BYTES, copy_regular, read_regular_bytes, write_new
 from ascendconv.io.hfcache import cached_repo
 from ascendconv.io.safetensors import nonfinite_count
 from ascendconv.options import DEFAULT_MAX_SHARD_SIZE, ConvertOptions
@@ -34,21 +35,34 @@ from ascendconv.sources import Source
 from ascendconv.sources.checkpoint import find_quantization_config
 
 
+# vLLM reads a checkpoint's quantization from either key (compression_config is the older name it
+# falls back to), so the package keeps neither (contract section 3).
+QUANTIZATION_KEYS = ("quantization_config", "compression_config")
+
+
 def strip_quantization_config(config: dict) -> dict:
-    """config.json for the package: vLLM must not see the FP8 quantization_config (contract section 3)."""
-    config = {k: v for k, v in config.items() if k != "quantization_config"}
+    """config.json for the package: vLLM must not see the FP8 quantization config (contract section 3)."""
+    config = {k: v for k, v in config.items() if k not in QUANTIZATION_KEYS}
     if isinstance(config.get("text_config"), dict):
-        config["text_config"] = {k: v for k, v in config["text_config"].items() if k != "quantization_config"}
+        config["text_config"] = {k: v for k, v in config["text_config"].items() if k not in QUANTIZATION_KEYS}
     return config
 
 
-def dump_json(path: Path, data: dict) -> None:
-    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+def dump_json(path: Path, data: dict) -> str:
+    """Write `data` as the new file `path`; return the sha256 of the bytes written."""
+    text = (json.dumps(data, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+    write_new(path, text)
+    return sha256_hex(text)
 
 
 def source_fingerprint(header_bytes: bytes, size: int) -> str:
     """Cheap identity of a source shard: its header and its size (the data is not re-read)."""
     return hashlib.sha256(header_bytes + size.to_bytes(8, "little")).hexdigest()
+
+
+def data_sample(header) -> str:
+    """The sampled digest of a source shard's data (see io.checksum.sampled_digest)."""
+    return sampled_digest(header.path, header.data_start, header.file_size)
 
 
 def nonfinite_copies(source: Source, plan: Plan) -> dict[str, int]:
@@ -80,46 +94,50 @@ def nonfinite_copies(source: Source, plan: Plan) -> dict[str, int]:
 
 def copied_file_digests(source: Source, plan: Plan) -> dict[str, str]:
     """sha256 of each source file the package copies (configs, tokenizer: small files)."""
-    return {name: sha256_hex(Path(os.path.realpath(source.root / name)).read_bytes()) for name in plan.copied_files}
+    return {name: copy_regular(Path(os.path.realpath(source.root / name)), None, CopiedFileError) for name in plan.copied_files}
 
 
-def write_plan_files(source: Source, plan: Plan, staging: Path, provenance: ProvenanceRecord) -> list[str]:
-    """The package's files other than shards and provenance; returns their names. README.md is the
-    package's own model card, with the source's card (if any) below it."""
-    written = [DESCRIPTION_NAME, CARD_NAME]
+def write_plan_files(source: Source, plan: Plan, staging: Path, provenance: ProvenanceRecord) -> dict[str, str]:
+    """The package's files other than shards and provenance; returns name -> sha256 of each as
+    written. README.md is the package's own model card, with the source's card (if any) below it."""
     original = None
     if CARD_NAME in plan.copied_files:
-        original = Path(os.path.realpath(source.root / CARD_NAME)).read_text(encoding="utf-8", errors="replace")
-    (staging / CARD_NAME).write_text(model_card(plan, provenance, original), encoding="utf-8")
-    dump_json(staging / DESCRIPTION_NAME, plan.description())
+        card = read_regular_bytes(Path(os.path.realpath(source.root / CARD_NAME)), MAX_COPIED_BYTES, CopiedFileError)
+        original = card.decode("utf-8", errors="replace")
+    card = model_card(plan, provenance, original).encode("utf-8")
+    write_new(staging / CARD_NAME, card)
+    written = {CARD_NAME: sha256_hex(card), DESCRIPTION_NAME: dump_json(staging / DESCRIPTION_NAME, plan.description())}
     index = plan.index()
     if index is not None:
-        dump_json(staging / INDEX_NAME, index)
-        written.append(INDEX_NAME)
+        written[INDEX_NAME] = dump_json(staging / INDEX_NAME, index)
     for name in plan.copied_files:
         if name == CARD_NAME:
             continue
         if name == "config.json":
-            dump_json(staging / name, strip_quantization_config(source.config))
+            written[name] = dump_json(staging / name, strip_quantization_config(source.config))
         else:
             # the real path was checked to stay inside the source; copy that, not the link
-            shutil.copyfile(os.path.realpath(source.root / name), staging / name)
-        written.append(name)
+            written[name] = copy_regular(Path(os.path.realpath(source.root / name)), staging / name, CopiedFileError)
     return written
+
+
+def shard_sizes(staging: Path, digests: dict[str, str]) -> dict[str, int]:
+    return {name: os.lstat(staging / name).st_size for name in digests}
 
 
 def write_package_files(
     source: Source, plan: Plan, staging: Path, provenance: ProvenanceRecord, digests: dict[str, str]
 ) -> None:
-    write_plan_files(source, plan, staging, provenance)
-    dump_json(staging / PROVENANCE_NAME, provenance.document(digests, package_date()))
+    files = write_plan_files(source, plan, staging, provenance)
+    dump_json(staging / PROVENANCE_NAME, provenance.document(digests, shard_sizes(staging, digests), files, package_date()))
 
 
 def provenance_record(source: Source, plan: Plan, kernel: str, options: ConvertOptions) -> ProvenanceRecord:
     """What the package's provenance says besides the date and the shard checksums."""
     _, location = find_quantization_config(source.config)
     files = tuple(
-        SourceFileRecord(h.path.name, h.file_size, source_fingerprint(h.header_bytes, h.file_size)) for h in source.headers
+        SourceFileRecord(h.path.name, h.file_size, source_fingerprint(h.header_bytes, h.file_size), data_sample(h))
+        for h in source.headers
     )
     return ProvenanceRecord(
         tool="ascendconv",
@@ -217,6 +235,13 @@ def reason_pattern(reason: str) -> str:
 
 def serve_command(tp: int, ep: bool) -> str:
     return f"vllm serve PACKAGE_DIR --quantization ascend --tensor-parallel-size {tp}" + (" --enable-expert-parallel" if ep else "")
+
+
+def carries_card(card: str, original: str) -> bool:
+    """Whether a package's card holds the source's card `original` (its text after the front
+    matter) as `model_card` writes it."""
+    _, text = _front_matter(original)
+    return not text.strip() or text.rstrip("\n") in card
 
 
 def model_card(plan: Plan, provenance: ProvenanceRecord, original: str | None) -> str:

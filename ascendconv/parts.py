@@ -8,6 +8,7 @@ every part) and PART_MANIFEST_NAME: the plan's identity, which part it is, its s
 
 from __future__ import annotations
 
+import heapq
 import re
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from ascendconv.errors import BadOptionError
 from ascendconv.io.checksum import CHECKSUM
 from ascendconv.ascendv1 import PART_MANIFEST_NAME
 from ascendconv.plan import Plan
-from ascendconv.resume import fingerprint, sha256_hex, write_json_atomic
+from ascendconv.resume import fingerprint, write_json_atomic
 
 PART_FORMAT = "ascendconv-part/1"
 
@@ -29,14 +30,25 @@ def parse_part(text: str) -> tuple[int, int]:
 
 
 def assign_parts(sizes: list[int], parts: int) -> list[list[int]]:
-    """Shard numbers (0-based, ascending) of each of `parts` parts, balanced by bytes."""
-    loads = [0] * parts
+    """Shard numbers (0-based, ascending) of each of `parts` parts, balanced by bytes (the lightest
+    part kept on a heap: shards x log(parts) steps)."""
     members: list[list[int]] = [[] for _ in range(parts)]
+    loads = [(0, p) for p in range(parts)]  # a heap of (bytes so far, part): ties by part number
     for shard in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
-        lightest = min(range(parts), key=lambda p: (loads[p], p))
-        loads[lightest] += sizes[shard]
+        load, lightest = loads[0]
+        heapq.heapreplace(loads, (load + sizes[shard], lightest))
         members[lightest].append(shard)
     return [sorted(m) for m in members]
+
+
+def check_part_count(count: int, shards: int, option: str) -> None:
+    """A part holds one shard at least: more parts than the plan's shards would be empty work (and
+    a count of 10**12 would be a list of 10**12 parts)."""
+    if count > shards:
+        raise BadOptionError(
+            f"{option}: {count} parts, but the plan has {shards} shard(s) to share out",
+            f"choose at most {shards} parts, or a smaller --max-shard-size for more shards",
+        )
 
 
 def part_shards(plan: Plan, part: tuple[int, int] | None) -> list[int]:
@@ -44,11 +56,12 @@ def part_shards(plan: Plan, part: tuple[int, int] | None) -> list[int]:
     if part is None:
         return list(range(len(plan.shards)))
     number, count = part
+    check_part_count(count, len(plan.shards), f"--part {number}/{count}")
     return assign_parts([s.nbytes for s in plan.shards], count)[number - 1]
 
 
 def write_part_manifest(
-    directory: Path, identity: dict, part: tuple[int, int], digests: dict[str, str], files: list[str]
+    directory: Path, identity: dict, part: tuple[int, int], digests: dict[str, str], files: dict[str, str]
 ) -> None:
     """The part's manifest: written last, so a part directory that has one is complete."""
     number, count = part
@@ -62,6 +75,6 @@ def write_part_manifest(
             "identity": identity,
             "checksum": CHECKSUM,
             "shards": dict(sorted(digests.items())),
-            "files": {name: sha256_hex((directory / name).read_bytes()) for name in sorted(files)},
+            "files": dict(sorted(files.items())),  # name -> sha256 of the small files, as written
         },
     )

@@ -8,6 +8,7 @@ shards and small files.
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -100,10 +101,17 @@ class Plan:
     rules: ModelRules = GENERIC_RULES
     deployment: Deployment = Deployment()
     facts: dict[str, ModuleFacts] = field(default_factory=dict)  # per source linear, as decided with
+    unmatched_overrides: list[str] = field(default_factory=list)  # --override globs that match no linear
 
     @property
     def warnings(self) -> list[str]:
-        return [self.rules.warning] if self.rules.warning else []
+        warnings = [self.rules.warning] if self.rules.warning else []
+        mtp = self.quantized_mtp_modules()
+        if mtp:
+            warnings.append(f"{mtp} MTP modules quantized by --override: vllm-ascend expects the MTP layer FLOAT")
+        if self.unmatched_overrides:  # allowed by --allow-unmatched-override, or convert would refuse
+            warnings.append(f"--override {', '.join(self.unmatched_overrides)}: matches no linear of the source")
+        return warnings
 
     def kept_float(self) -> dict[str, int]:
         """Modules the model's rules keep FLOAT (and were not overridden), per reason."""
@@ -308,6 +316,8 @@ class Planner:
     def for_source(cls, source: Source, deployment: Deployment) -> Planner:
         """The planner of an opened source checkpoint (its headers, config and the files beside it)."""
         companions, unsafe = source.companion_files()
+        shards = {h.path.name for h in source.headers}  # weights whatever their name (an index may omit the suffix)
+        companions = [name for name in companions if name not in shards]
         return cls(
             source.tensors, source.linears, companions, source.total_bytes, source.config, deployment, unsafe_files=unsafe
         )
@@ -347,6 +357,9 @@ class Planner:
             rules=self.rules,
             deployment=self.deployment,
             facts=self.facts,
+            unmatched_overrides=[
+                f"{o.glob}={o.quant_type}" for o in overrides or [] if not any(fnmatch.fnmatchcase(m, o.glob) for m in self.linears)
+            ],
         )
 
 

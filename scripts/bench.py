@@ -30,7 +30,12 @@
    - `convert --dry-run`, `inspect SRC`, `ascendconv --help` and `verify` of the package converted
      from the 0.5 MB sample fixture (start-up: wall seconds; the last is what `verify OUT` spends
      besides reading and hashing, and the target on `verify OUT` is on what remains against `cat`).
-   Peak resident memory is /usr/bin/time's "maximum resident set size".
+   - `convert --resume` resumed after a run SIGKILLed once its ledger recorded half its shards,
+     against a full `convert --resume` from nothing (the pair's baseline; target <= 0.6 x);
+   Peak resident memory is /usr/bin/time's "maximum resident set size". The seconds convert spends
+   sampling every source shard's data into the plan identity are measured in process, warm and cold
+   (the shards' pages dropped first), against `convert w8a8-mxfp8` (target <= 10 %). `--only LABEL`
+   times only the commands whose label holds LABEL (and skips the first-run row unless named).
 4. Times the first run after install: the README's first command (convert of the qwen3-moe-fp8
    fixture, w4a8-mxfp-moe, then verify --source --moe-check of the package) with an empty
    NUMBA_CACHE_DIR, --reps times (median), then again with the cache it filled; the difference is
@@ -77,6 +82,9 @@ TARGET_START_S = {"convert --dry-run": 0.35, "inspect SRC": 0.35, "--help": 0.25
 TARGET_VERIFY_TO_CAT = 1.2
 TARGET_SOURCE_MB_S = {"verify --source": 500.0, "verify --source --exact-full": 300.0}
 TARGET_COMPILE_S = 4.0
+RESUME_LABEL = "convert --resume, half done"
+TARGET_RESUME_RATIO = 0.6  # to a full `convert --resume` of the same source (issue 21)
+TARGET_IDENTITY_RATIO = 0.10  # the source's sampled data digests, to `convert w8a8-mxfp8` (issue 21)
 
 
 # --- the synthetic checkpoint: scripts/synthetic_checkpoint.py at its default shape ------------------
@@ -242,14 +250,62 @@ def first_run_compile(workdir: Path, reps: int) -> tuple[float, float, str, floa
     )
 
 
+def clear_stagings(out: Path) -> None:
+    """Remove what --resume runs keep beside OUT (their staging directories)."""
+    for staging in out.parent.glob(f".{out.name}.ascendconv-staging-*"):
+        shutil.rmtree(staging)
+    os.sync()
+
+
+def half_done(command: list[str], out: Path, shards: int) -> None:
+    """Run `convert --resume` and SIGKILL it (a crash) once its ledger records half of its shards."""
+    clear_stagings(out)
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while process.poll() is None:
+            for ledger in out.parent.glob(f".{out.name}.ascendconv-staging-*/.ascendconv-resume.json"):
+                try:
+                    if 2 * len(json.loads(ledger.read_text())["shards"]) >= shards:
+                        process.kill()
+                except (OSError, ValueError, KeyError):
+                    pass  # being replaced
+            time.sleep(0.01)
+    finally:
+        process.kill()
+        process.wait()
+    if process.returncode == 0:
+        raise SystemExit("convert --resume finished before half its shards were seen; nothing to resume")
+    os.sync()
+
+
+def identity_cost(source: Path, reps: int, cold: bool) -> float:
+    """Median seconds to sample every source shard's data into the plan identity (what convert adds
+    for it), the shards' pages dropped from the page cache first when `cold`."""
+    from ascendconv.io.safetensors import read_header
+    from ascendconv.package_files import data_sample
+
+    shards = sorted(source.glob("*.safetensors"))
+    headers = [read_header(p) for p in shards]
+    times = []
+    for _ in range(reps):
+        if cold:
+            evict([str(p) for p in shards])
+        started = time.perf_counter()
+        for header in headers:
+            data_sample(header)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
 class Command:
     """One timed command: its argv, the source bytes it processes, and its baseline (if any);
     `prepare` sets the cache state before the baseline and again before the command."""
 
     def __init__(self, label: str, argv: list[str], nbytes: int, baseline: list[str] | None = None,
-                 writes: Path | None = None, prepare=None):
+                 writes: Path | None = None, prepare=None, prepare_command=None):
         self.label, self.argv, self.nbytes = label, argv, nbytes
         self.baseline, self.writes, self.prepare = baseline, writes, prepare
+        self.prepare_command = prepare_command  # after `prepare` and the output cleared, before the command only
         self.times: list[float] = []
         self.baseline_times: list[float] = []
         self.cpu: list[float] = []
@@ -261,6 +317,8 @@ class Command:
             self.prepare()
         if self.writes:
             clear(self.writes)
+        if self.prepare_command and argv is self.argv:
+            self.prepare_command()
         return run_timed(argv, self.writes)
 
     def run(self) -> None:
@@ -298,6 +356,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--skip", action="append", default=[], help="skip the commands whose label contains this")
     parser.add_argument("--json", type=Path, help="write the results to this file")
+    parser.add_argument("--only", action="append", default=[],
+                        help="time only the commands whose label contains this (and skip the first-run row)")
     args = parser.parse_args()
 
     source = args.cache / f"synthetic-v{BUILD_VERSION}-{args.size_gb:g}gb"
@@ -345,20 +405,34 @@ def main() -> None:
         Command(STARTUP_LABEL, tool + ["verify", "--quiet", str(sample)], 0),
     ]
     for label, (kind, _) in FORMAT_ROWS.items():
-        if not any(skip in label for skip in args.skip):
+        wanted = not args.only or any(only in label for only in args.only)
+        if wanted and not any(skip in label for skip in args.skip):
             derived = derive_source(source, kind)
             warm(derived)
             commands.append(Command(label, tool + ["convert", "--quiet", str(derived), str(out)], dir_bytes(derived),
                                     ["cp", "-r", str(derived), str(out)], out))
+    # --resume after a crash half-way, against a full --resume run from nothing: the kept shards are
+    # trusted by their ledger's size, inode, mtime and ctime, never read again
+    resume = tool + ["convert", "--quiet", "--resume", str(source), str(out)]
+    commands.append(Command(RESUME_LABEL, resume, source_bytes, list(resume), out, prepare=lambda: clear_stagings(out),
+                            prepare_command=lambda: half_done(resume, out, len(shards))))
     commands = [c for c in commands if not any(skip in c.label for skip in args.skip)]
+    if args.only:
+        commands = [c for c in commands if any(only in c.label for only in args.only)]
     for rep in range(args.reps):
         print(f"repetition {rep + 1} of {args.reps}", file=sys.stderr)
         shift = rep % len(commands)
         for command in commands[shift:] + commands[:shift]:
             command.run()
     clear(out)
-    print("first run after install (empty numba cache) ...", file=sys.stderr)
-    cold, cached, first_stderr, compile_cpu = first_run_compile(work, args.reps)
+    clear_stagings(out)
+    first_run = not args.only or any(only in "first run" for only in args.only)
+    if first_run:
+        print("first run after install (empty numba cache) ...", file=sys.stderr)
+        cold, cached, first_stderr, compile_cpu = first_run_compile(work, args.reps)
+    identity = None
+    if not args.only or any(only in "identity" for only in args.only):
+        identity = identity_cost(source, args.reps, cold=False), identity_cost(source, args.reps, cold=True)
 
     rows = [c.row() for c in commands]
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
@@ -376,18 +450,24 @@ def main() -> None:
         ratio = f"{row['ratio']:6.2f}" if row["ratio"] is not None else f"{'':6s}"
         base = ""
         if command.baseline:
-            base = f"{'cp -r' if command.baseline[0] == 'cp' else 'cat'} {row['baseline_s']:.2f} s"
+            named = "cp -r" if command.baseline[0] == "cp" else "full" if command.label == RESUME_LABEL else "cat"
+            base = f"{named} {row['baseline_s']:.2f} s"
         print(
             f"{row['command']:34s} {row['median_s']:8.2f} {row['cpu_s']:6.2f} {rate} {ratio} {base:>15s} "
             f"{row['peak_rss_mib']:5.0f} MiB"
         )
-    print(
-        f"{'first run, empty numba cache':34s} {cold:8.2f}  (then {cached:.2f} s cached: compilation "
-        f"{cold - cached:.2f} s, {compile_cpu:.2f} CPU s)"
-    )
-    notice = next((line.strip() for line in first_stderr.splitlines() if "compil" in line), None)
-    print(f"  its notice on stderr: {notice!r}")
+    if first_run:
+        print(
+            f"{'first run, empty numba cache':34s} {cold:8.2f}  (then {cached:.2f} s cached: compilation "
+            f"{cold - cached:.2f} s, {compile_cpu:.2f} CPU s)"
+        )
+        notice = next((line.strip() for line in first_stderr.splitlines() if "compil" in line), None)
+        print(f"  its notice on stderr: {notice!r}")
     by_label = {row["command"]: row for row in rows}
+    convert_s = by_label.get("convert w8a8-mxfp8", {}).get("median_s")
+    if identity is not None:
+        print(f"{'source identity (data sample)':34s} {identity[0]:8.3f}  (cold cache {identity[1]:.3f} s"
+              + (f"; {identity[1] / convert_s:.3f} x convert w8a8-mxfp8)" if convert_s else ")"))
     hashing = {}  # verify OUT label -> (seconds less the start-up, their ratio to cat)
     start_s = by_label[STARTUP_LABEL]["median_s"] if STARTUP_LABEL in by_label else 0.0  # skipped: the whole command
     for label in ("verify OUT", "verify OUT (cold cache)"):
@@ -422,15 +502,26 @@ def main() -> None:
         if label in by_label:
             got = by_label[label]["mb_per_s"]
             checks.append((f"{label}: >= {rate:g} MB/s of source ({got:.0f} MB/s)", got >= rate))
-    checks.append((f"first run: kernels compile in <= {TARGET_COMPILE_S:g} s ({cold - cached:.2f} s)", cold - cached <= TARGET_COMPILE_S))
-    checks.append(("first run: says on stderr that kernels are being compiled", notice is not None))
+    if first_run:
+        checks.append((f"first run: kernels compile in <= {TARGET_COMPILE_S:g} s ({cold - cached:.2f} s)",
+                       cold - cached <= TARGET_COMPILE_S))
+        checks.append(("first run: says on stderr that kernels are being compiled", notice is not None))
+    if RESUME_LABEL in by_label:
+        ratio = by_label[RESUME_LABEL]["ratio"]
+        checks.append((f"{RESUME_LABEL}: <= {TARGET_RESUME_RATIO} x a full --resume run ({ratio:.2f} x)",
+                       ratio <= TARGET_RESUME_RATIO))
+    if identity is not None and convert_s:
+        checks.append((f"source identity: <= {TARGET_IDENTITY_RATIO:.0%} of convert w8a8-mxfp8, cold cache "
+                       f"({identity[1] / convert_s:.1%})", identity[1] / convert_s <= TARGET_IDENTITY_RATIO))
     for text, ok in checks:
         print(f"  {'PASS' if ok else 'FAIL'}  {text}")
     if args.json:
         report = {
             "source": source.name, "source_bytes": source_bytes, "package_bytes": package_bytes,
             "cores": os.cpu_count(), "cpu": cpu, "reps": args.reps, "results": rows,
-            "first_run_s": {"cold": round(cold, 2), "cached": round(cached, 2), "compile_cpu": round(compile_cpu, 2)},
+            "first_run_s": {"cold": round(cold, 2), "cached": round(cached, 2), "compile_cpu": round(compile_cpu, 2)}
+            if first_run else None,
+            "identity_s": {"warm": round(identity[0], 4), "cold": round(identity[1], 4)} if identity else None,
             "checks": {text: ok for text, ok in checks},
         }
         args.json.write_text(json.dumps(report, indent=2) + "\n")

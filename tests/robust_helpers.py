@@ -18,7 +18,7 @@ runner = CliRunner()
 REPO = Path(__file__).resolve().parent.parent
 
 # What an error report may be called: every AscendconvError subclass (no KeyError, TypeError, ...).
-EXIT_CODES = {"convert": (0, 2, 3, 4), "inspect": (0, 2, 3), "verify": (0, 1, 2, 3)}
+EXIT_CODES = {"convert": (0, 2, 3, 4), "inspect": (0, 2, 3), "verify": (0, 1, 2, 3), "assemble": (0, 2, 3, 4)}
 
 
 def project_error_names() -> set[str]:

@@ -106,7 +106,7 @@ def test_every_command_answers_json_in_one_envelope(tmp_path):
         assert (data["ok"], data["schema"], data["command"]) == (True, 1, command)
     parts = [tmp_path / "p1", tmp_path / "p2"]
     for i, part in enumerate(parts, 1):
-        assert cli("convert", MOE, part, "--part", f"{i}/2", "--quiet").exit_code == 0
+        assert cli("convert", MOE, part, "--part", f"{i}/2", "--max-shard-size", "200KB", "--quiet").exit_code == 0
     data = json.loads(cli("assemble", tmp_path / "joined", *parts, "--json").stdout)
     assert (data["ok"], data["command"], data["parts"]) == (True, "assemble", 2)
 
@@ -172,7 +172,7 @@ def test_a_package_given_as_src_and_a_part_directory_are_named(tmp_path):
     assert not (tmp_path / "again").exists()
 
     part = tmp_path / "part2"
-    convert(MOE, part, ConvertOptions(part=(2, 3)))
+    convert(MOE, part, ConvertOptions(part=(2, 3), max_shard_size=200_000))
     for command in ("inspect", "verify"):
         result = cli(command, part, "--json")
         data = json.loads(result.stdout)

@@ -143,3 +143,76 @@ def test_a_killed_task_is_retried_and_resumes_its_part(ray, tmp_path):
     # the retry adopted the killed attempt's staging: at least the shards seen finished were reused
     assert set(recorded) <= set(outcome["result"].reused_shards) and recorded
     assert tree(out) == tree(golden)
+
+
+# --- options checked before Ray starts, a bounded connection, a task the cluster can place, signals ---
+
+
+@pytest.mark.parametrize("flag, value, words", [
+    ("--ray-retries", "-1", "--ray-retries -1: must be a whole number from 0 to 100"),
+    ("--ray-retries", "101", "--ray-retries 101: must be a whole number from 0 to 100"),
+    ("--ray-cpus", "-1", "--ray-cpus -1: must be a whole number 1 or more"),
+    ("--ray-cpus", "0", "--ray-cpus 0: must be a whole number 1 or more"),
+    ("--ray-parts", "-1", "--ray-parts -1: must be a whole number 0 or more"),
+    ("--ray-address", "foo:bar", "--ray-address 'foo:bar': not a Ray address"),
+    ("--ray-address", "head:70000", "--ray-address 'head:70000': not a Ray address"),
+])
+def test_ray_options_are_usage_errors_before_ray_is_even_imported(monkeypatch, tmp_path, flag, value, words):
+    monkeypatch.setitem(sys.modules, "ray", None)  # importing it would fail: the check must come first
+    result = runner.invoke(app, ["convert", str(FIXTURES / FIXTURE), str(tmp_path / "out"), "--ray", flag, value])
+    assert result.exit_code == 2, result.output
+    assert words in " ".join(result.stderr.split()) and "Traceback" not in result.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def run_real(*args: str, timeout: float = 180):
+    import subprocess
+
+    return subprocess.run(
+        [sys.executable, "-m", "ascendconv", "convert", *args, "--json"], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_an_unreachable_ray_address_ends_at_once_with_exit_4(tmp_path):
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    started = time.monotonic()
+    result = run_real(str(FIXTURES / FIXTURE), str(tmp_path / "out"), "--ray-address", f"127.0.0.1:{port}")
+    assert result.returncode == 4, result.stderr
+    error = json.loads(result.stdout.splitlines()[0])
+    assert error["error"] == "RayUnreachableError" and f"cannot reach 127.0.0.1 port {port}" in error["message"]
+    assert time.monotonic() - started < 60 and list(tmp_path.iterdir()) == []  # Ray alone retried for 400 s
+
+
+def test_a_task_no_node_can_place_ends_with_exit_4(tmp_path):
+    pytest.importorskip("ray")
+    result = run_real(str(FIXTURES / FIXTURE), str(tmp_path / "out"), "--ray", "--ray-cpus", "1000")
+    assert result.returncode == 4, result.stderr
+    error = json.loads(result.stdout.splitlines()[0])
+    assert error["error"] == "RayCapacityError" and "--ray-cpus 1000: no node of the Ray cluster" in error["message"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sigterm_under_ray_is_our_interrupt_exit_143(tmp_path):
+    import subprocess
+
+    pytest.importorskip("ray")
+    src = write_large_checkpoint(tmp_path / "src", shards=2, linears_per_shard=3, n=1024)
+    out = tmp_path / "out"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ascendconv", "convert", str(src), str(out), "--ray", "--ray-cpus", "1", "--ray-parts", "2",
+         "--kernel", "reference", "--max-shard-size", "10MB", "--quiet"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.monotonic() + 180  # Ray starts in about 20 s here; the parts run after
+    while time.monotonic() < deadline and process.poll() is None and not list(tmp_path.glob(".out.ascendconv-staging-*/.part-*")):
+        time.sleep(0.05)
+    assert process.poll() is None, process.communicate()
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 143, stderr
+    assert "interrupted by SIGTERM: nothing was written at" in " ".join(stderr.split()) and "Traceback" not in stderr
+    assert not out.exists() and not list(tmp_path.glob(".out.*"))

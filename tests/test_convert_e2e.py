@@ -125,7 +125,7 @@ def test_copied_files_are_byte_identical_and_nothing_else_is_safetensors(convert
     provenance = json.loads((out / "ascendconv_provenance.json").read_text())
     for shard in shards:
         assert provenance["checksum"] == "blake3"
-        assert provenance["shards"][shard] == {"blake3": file_digest(out / shard)}
+        assert provenance["shards"][shard] == {"blake3": file_digest(out / shard), "size": (out / shard).stat().st_size}
     assert [f["name"] for f in provenance["source"]["files"]] == sorted(p.name for p in src.glob("*.safetensors"))
 
 

@@ -34,7 +34,7 @@ from robust_helpers import (
     write_raw_header,
 )
 
-EXAMPLES = {  # per target: 560 in all, plus 150 of the shape property; 25-50 s on 2 cores
+EXAMPLES = {  # per target: 720 in all, plus 150 of the shape property
     "source_header": 100,
     "source_header_bytes": 80,
     "source_index": 50,
@@ -46,6 +46,8 @@ EXAMPLES = {  # per target: 560 in all, plus 150 of the shape property; 25-50 s 
     "ct_fp8_config": 40,  # the other source formats' configs (tests/test_source_formats.py builds them)
     "ds_v4_config": 25,
     "float_config": 25,
+    "part_manifest": 40,  # what assemble reads from a part directory
+    "resume_ledger": 30,  # what convert --resume reads from a kept staging
 }
 SECONDS_PER_COMMAND = 20  # a generous bound; the commands take a fraction of a second here
 RAN: dict[str, int] = {}  # examples run per target, reported at the end
@@ -384,6 +386,75 @@ def test_fuzz_convert_options(options):
         assert result.exit_code in (0, 2, 3), result.output
         assert ws.snapshot() == before and not (ws.dir / "out").exists()
     RAN["convert_options"] = RAN.get("convert_options", 0) + 1
+
+
+# --- part manifests and resume ledgers: JSON that assemble and convert --resume read --------------
+
+LIMIT = "150KB"  # the dense fixture in 4 to 6 shards
+
+
+@pytest.fixture(scope="module")
+def dense_parts(tmp_path_factory) -> Path:
+    from ascendconv.convert import ConvertOptions, convert
+
+    root = tmp_path_factory.mktemp("fuzz-parts")
+    for i in (1, 2):
+        convert(DENSE, root / f"p{i}", ConvertOptions(max_shard_size=150_000, part=(i, 2)))
+    return root
+
+
+@fuzz_settings("part_manifest")
+@given(data=st.data())
+def test_fuzz_part_manifest(dense_parts, data):
+    part = data.draw(st.sampled_from(["p1", "p2"]))
+    text, _ = data.draw(mutated(json.loads((dense_parts / part / "ascendconv_part.json").read_text())))
+    with Workspace(dense_parts) as ws:
+        (ws.root / part / "ascendconv_part.json").write_text(text)
+        before = ws.snapshot()
+        out = ws.dir / "out"
+        result = run("assemble", out, ws.root / "p1", ws.root / "p2", "--quiet")
+        assert ws.snapshot() == before or result.exit_code == 0, "assemble changed the parts"
+        if result.exit_code == 0:  # an edit assemble accepts must still give a package verify accepts
+            assert run("verify", out, "--quiet").exit_code == 0
+        else:
+            assert not out.exists()
+    RAN["part_manifest"] = RAN.get("part_manifest", 0) + 1
+
+
+@pytest.fixture(scope="module")
+def kept_staging(tmp_path_factory) -> Path:
+    """The staging a --resume run of the dense fixture kept when it was stopped half-way."""
+    from ascendconv.convert import ConvertOptions, convert
+
+    root = tmp_path_factory.mktemp("fuzz-resume")
+
+    def stop(done, total):
+        if done > total // 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        convert(DENSE, root / "out", ConvertOptions(max_shard_size=150_000, resume=True), stop)
+    (staging,) = root.glob(".out.ascendconv-staging-*")
+    return staging
+
+
+@fuzz_settings("resume_ledger")
+@given(data=st.data())
+def test_fuzz_resume_ledger(kept_staging, data):
+    text, _ = data.draw(mutated(json.loads((kept_staging / ".ascendconv-resume.json").read_text())))
+    work = Path(tempfile.mkdtemp(prefix="fuzz-"))
+    try:
+        staging = work / kept_staging.name
+        shutil.copytree(kept_staging, staging)
+        (staging / ".ascendconv-resume.json").write_text(text)
+        result = run("convert", DENSE, work / "out", "--resume", "--quiet", "--json", "--max-shard-size", LIMIT)
+        if result.exit_code == 0:  # whatever the ledger said, the package must be right
+            assert run("verify", work / "out", "--source", DENSE, "--quiet").exit_code == 0
+        else:
+            assert not (work / "out").exists()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    RAN["resume_ledger"] = RAN.get("resume_ledger", 0) + 1
 
 
 def test_fuzz_budget_was_spent():

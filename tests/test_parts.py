@@ -168,14 +168,15 @@ def test_a_directory_that_is_not_a_part_is_refused(converted, dense_parts, tmp_p
     assert "is not a part directory" in message
 
 
-def test_more_parts_than_shards_leaves_some_empty_and_still_assembles(converted, tmp_path):
+def test_more_parts_than_shards_is_refused_before_any_work(converted, tmp_path):
     golden = converted("qwen3-dense-fp8", max_shard_size=SHARD_LIMIT)
-    count = len(list(golden.glob("*.safetensors"))) + 2
-    dirs = [tmp_path / f"p{i}" for i in range(1, count + 1)]
-    for i, directory in enumerate(dirs, start=1):
-        convert(FIXTURES / "qwen3-dense-fp8", directory, ConvertOptions(max_shard_size=SHARD_LIMIT, part=(i, count)))
-    empty = [d for d in dirs if not list(d.glob("*.safetensors"))]
-    assert len(empty) == 2 and json.loads((empty[0] / "ascendconv_part.json").read_text())["shards"] == {}
-    result = runner.invoke(app, ["assemble", str(tmp_path / "out"), *map(str, dirs), "--quiet"])
-    assert result.exit_code == 0, result.output
-    assert tree(tmp_path / "out") == tree(golden)
+    shards = len(list(golden.glob("*.safetensors")))
+    for count in (shards + 1, 10**12):  # 10**12 parts once meant a list of 10**12 before any check
+        with pytest.raises(BadOptionError, match=rf"{count} parts, but the plan has {shards} shard") as refused:
+            convert(FIXTURES / "qwen3-dense-fp8", tmp_path / "p", ConvertOptions(max_shard_size=SHARD_LIMIT, part=(1, count)))
+        assert f"at most {shards} parts" in refused.value.hint
+    assert not (tmp_path / "p").exists()
+    result = runner.invoke(
+        app, ["convert", str(FIXTURES / "qwen3-dense-fp8"), str(tmp_path / "p"), "--part", "1/1000000000000", "--quiet"]
+    )
+    assert result.exit_code == 2 and "1000000000000 parts" in result.stderr and "Traceback" not in result.output

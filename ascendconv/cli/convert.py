@@ -48,6 +48,10 @@ def convert(
     override: Annotated[
         Optional[List[str]], typer.Option(help="GLOB=TYPE on module names; repeatable, later wins.")
     ] = None,
+    allow_unmatched_override: Annotated[
+        bool,
+        typer.Option("--allow-unmatched-override", help="Warn, instead of failing, when an --override glob matches no module."),
+    ] = ConvertOptions.allow_unmatched_overrides,
     max_shard_size: Annotated[
         str, typer.Option(help="Shard size limit, e.g. 500MB, 2GiB; 0 for one file.")
     ] = size_text(ConvertOptions.max_shard_size),
@@ -109,6 +113,7 @@ def convert(
             resume=resume,
             part=parse_part(part) if part is not None else None,
             deployment=Deployment(tp, ep, shared_experts_as_routed),
+            allow_unmatched_overrides=allow_unmatched_override,
         )
         runner = run_convert
         if (ray or ray_address) and not dry_run:
@@ -162,8 +167,8 @@ def ray_runner(options: ConvertOptions, address: Optional[str], parts: int, cpus
             "--ray runs every part itself and cannot be combined with --part or --resume",
             "under --ray a failed task is retried and reuses the shards it finished (--ray-retries)",
         )
+    ray_options = RayOptions(address=address, parts=parts, cpus_per_task=cpus, max_retries=retries)  # checked first
     import_ray()  # fails at once, with how to install it
-    ray_options = RayOptions(address=address, parts=parts, cpus_per_task=cpus, max_retries=retries)
     return lambda src, out, options, progress, dry_run, notice, on_shard=None: convert_on_ray(
         src, out, options, ray_options, progress
     )

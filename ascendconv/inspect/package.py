@@ -35,7 +35,8 @@ def inspect_package(root: Path, glob: str | None) -> InspectReport:
     unknown = sorted(present - set(RANK))
     if unknown:
         problems.append(f"description uses unknown type(s) {', '.join(map(shown, unknown))}")
-    if package.fields.get("group_size", GROUP_SIZE) != GROUP_SIZE:
+    group_size = package.fields.get("group_size", GROUP_SIZE)
+    if type(group_size) is not int or group_size != GROUP_SIZE:  # 32.0 == 32, but breaks vllm-ascend's shapes
         problems.append(f"group_size is {shown(package.fields.get('group_size'))}, expected {GROUP_SIZE}")
     tensor_bytes = sum(e.nbytes for e in package.tensors.values())
     if package.index is not None:

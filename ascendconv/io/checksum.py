@@ -50,7 +50,12 @@ HASH_PIECE = 8 * 2**20  # bytes populated and hashed at a time
 READ_AHEAD = 128 * 2**20  # bytes the kernel is asked to read ahead of the hash
 
 
-def file_digest(path: str | os.PathLike, algorithm: str) -> str:
+def file_digest(path: str | os.PathLike, algorithm: str, follow: bool = True) -> str:
+    """Hex digest of a whole file (see `hashed_file`)."""
+    return hashed_file(path, algorithm, follow)[0]
+
+
+def hashed_file(path: str | os.PathLike, algorithm: str, follow: bool = True) -> tuple[str, os.stat_result]:
     """Hex digest of a whole file, hashed straight from the page cache, with no copy.
 
     The file is mapped whole and hashed a piece at a time, while a second thread prepares the
@@ -61,14 +66,17 @@ def file_digest(path: str | os.PathLike, algorithm: str) -> str:
     the advice a file not in the page cache was read in the small synchronous steps of page faults,
     three times slower than `cat`. The same thread unmaps the hashed pieces from the process again
     (MADV_DONTNEED; the page cache keeps them), so memory stays at a few pieces whatever the size.
-    A file that shrinks while it is read raises OSError.
+    A file that shrinks while it is read raises OSError. Returns the digest and the status of the
+    very file hashed (its inode: a caller can tell whether a path still names it afterwards).
+    `follow=False` refuses a symbolic link.
     """
     from ascendconv.io.files import lease, open_regular, unlease
 
     hasher = new_hasher(algorithm)
-    fd, size = open_regular(path)  # never a FIFO or a device: no end to those
+    fd, size = open_regular(Path(path), follow)  # never a FIFO or a device: no end to those
     lease(fd, Path(path))
     try:
+        status = os.fstat(fd)
         if size:
             with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mapped, memoryview(mapped) as view:
                 with _PiecesAhead(fd, mapped, size, path) as pieces:
@@ -78,7 +86,7 @@ def file_digest(path: str | os.PathLike, algorithm: str) -> str:
     finally:
         unlease(fd)
         os.close(fd)
-    return hasher.hexdigest()
+    return hasher.hexdigest(), status
 
 
 class _PiecesAhead:
@@ -146,3 +154,36 @@ def _advise_read(fd: int, offset: int, length: int) -> None:
         advise(fd, offset, length, os.POSIX_FADV_WILLNEED)
     except OSError:  # advice only: a file system without it is read as it comes
         pass
+
+
+# The source's data in a plan's identity: each source shard's data region sampled at SAMPLE_WINDOWS
+# evenly spaced windows (the first and last included). A fine-tune or a re-upload of the same layout
+# changes nearly every byte, so any window tells; reading 1 MiB per shard costs next to nothing
+# beside converting it, where hashing all of it would re-read the whole source.
+SAMPLE_WINDOWS = 16
+SAMPLE_BYTES = 64 * 2**10
+
+
+def sampled_digest(path: str | os.PathLike, start: int, end: int) -> str:
+    """BLAKE3 of bytes [start, end) of a regular file, sampled (all of them when the span is small)."""
+    from ascendconv.io.files import open_regular
+
+    hasher = new_hasher()
+    span = max(end - start, 0)
+    if span <= SAMPLE_WINDOWS * SAMPLE_BYTES:
+        offsets = range(start, end, SAMPLE_BYTES)
+    else:
+        step = (span - SAMPLE_BYTES) // (SAMPLE_WINDOWS - 1)
+        offsets = [start + i * step for i in range(SAMPLE_WINDOWS - 1)] + [end - SAMPLE_BYTES]  # the last byte too
+    fd, _ = open_regular(Path(path))
+    try:
+        for offset in offsets:
+            count = min(SAMPLE_BYTES, end - offset)
+            data = os.pread(fd, count, offset)
+            if len(data) != count:
+                raise OSError(errno.EIO, f"{path} shrank while it was being read")
+            hasher.update(data)
+    finally:
+        os.close(fd)
+    hasher.update(span.to_bytes(8, "little"))
+    return hasher.hexdigest()

@@ -33,11 +33,22 @@ _KINDS = (
     (stat.S_ISCHR, "a character device"),
     (stat.S_ISBLK, "a block device"),
     (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISLNK, "a symbolic link"),  # seen only where links are not followed
 )
 
 
 def _kind(mode: int) -> str:
     return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def is_text(name: str) -> bool:
+    """Whether a string read from JSON is text: a lone surrogate (the escape \\ud800) is not, and no
+    file name, header or message can encode it."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def is_within(path: Path, root: Path) -> bool:
@@ -67,14 +78,21 @@ def file_size(path: Path) -> int:
     return st.st_size if stat.S_ISREG(st.st_mode) else 0
 
 
-def open_regular(path: Path) -> tuple[int, int]:
+def open_regular(path: Path, follow: bool = True) -> tuple[int, int]:
     """(descriptor, size) of `path` opened read-only, after checking that it is a regular file.
 
     O_NONBLOCK makes the open itself return at once should the path be (or become, between the
-    check and the open) a FIFO; the check is repeated on the open descriptor.
+    check and the open) a FIFO; the check is repeated on the open descriptor. With `follow=False`
+    a symbolic link is refused too (a file of ours that someone else may have replaced).
     """
-    require_regular(path, os.stat(path))
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    require_regular(path, os.stat(path) if follow else os.lstat(path))
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow:
+            raise NotRegularFileError(f"{path}: is a symbolic link, not a regular file") from None
+        raise
     try:
         st = os.fstat(fd)
         require_regular(path, st)
@@ -84,27 +102,85 @@ def open_regular(path: Path) -> tuple[int, int]:
     return fd, st.st_size
 
 
-def read_json(path: Path, error: type[AscendconvError], max_bytes: int = MAX_JSON_BYTES) -> object:
-    """The parsed JSON of a regular file of at most `max_bytes`; `error` (a named project error
-    class) for anything that cannot be read or parsed."""
+def read_regular_bytes(path: Path, max_bytes: int, error: type[AscendconvError], follow: bool = True) -> bytes:
+    """The whole content of a regular file of at most `max_bytes` (a FIFO, a device or a larger file
+    is `error`, named, before a byte is read)."""
     try:
-        fd, size = open_regular(path)
+        fd, size = open_regular(path, follow)
         try:
             if size > max_bytes:
-                raise error(
-                    f"{path}: {size} bytes, more than the {max_bytes // 2**20} MiB a JSON file of a "
-                    "checkpoint or package may hold"
-                )
+                raise error(f"{path}: {size} bytes, more than the {_bytes(max_bytes)} such a file may hold")
             with os.fdopen(fd, "rb", closefd=False) as f:
                 data = f.read(max_bytes + 1)
         finally:
             os.close(fd)
     except NotRegularFileError as exc:
-        raise error(exc.message, exc.hint) from None
+        raise error(exc.message, None if error.default_hint else exc.hint) from None
     except OSError as exc:
         raise error(f"{path}: cannot read ({exc.strerror})") from exc
     if len(data) > max_bytes:  # grew since it was checked
-        raise error(f"{path}: more than {max_bytes // 2**20} MiB")
+        raise error(f"{path}: more than the {_bytes(max_bytes)} such a file may hold")
+    return data
+
+
+def _bytes(count: int) -> str:
+    return f"{count // 2**20} MiB" if count >= 2**20 else f"{count} bytes"
+
+
+def create_new(path: Path) -> int:
+    """A descriptor of a file created for writing at `path`, which must not exist yet: O_EXCL never
+    opens what is there (a symlink planted under the name included), so nothing else is written."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o644)
+
+
+def write_new(path: Path, data: bytes) -> None:
+    """Write `data` as the new file `path` (see `create_new`)."""
+    fd = create_new(path)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+COPY_CHUNK = 4 * 2**20
+MAX_COPIED_BYTES = 2**30  # a file carried into a package: configs, tokenizer, code, docs
+
+
+def copy_regular(source: Path, target: Path | None, error: type[AscendconvError], follow: bool = True) -> str:
+    """The sha256 of the regular file `source` (at most MAX_COPIED_BYTES), hashed as it is read, and
+    those very bytes copied to the new file `target` unless it is None: the digest is of what was
+    written, whatever happens to `source` meanwhile."""
+    import hashlib
+
+    hasher = hashlib.sha256()
+    try:
+        fd, size = open_regular(source, follow)
+    except NotRegularFileError as exc:
+        raise error(exc.message, None if error.default_hint else exc.hint) from None
+    except OSError as exc:
+        raise error(f"{source}: cannot read ({exc.strerror})") from exc
+    try:
+        if size > MAX_COPIED_BYTES:
+            raise error(f"{source}: {size} bytes, more than the {_bytes(MAX_COPIED_BYTES)} a copied file may hold")
+        with contextlib.ExitStack() as stack:
+            out = stack.enter_context(os.fdopen(create_new(target), "wb")) if target is not None else None
+            copied = 0
+            while chunk := os.read(fd, COPY_CHUNK):
+                copied += len(chunk)
+                if copied > MAX_COPIED_BYTES:
+                    raise error(f"{source}: grew past {_bytes(MAX_COPIED_BYTES)} while it was read")
+                hasher.update(chunk)
+                if out is not None:
+                    out.write(chunk)
+    finally:
+        os.close(fd)
+    return hasher.hexdigest()
+
+
+def read_json(
+    path: Path, error: type[AscendconvError], max_bytes: int = MAX_JSON_BYTES, *, follow: bool = True
+) -> object:
+    """The parsed JSON of a regular file of at most `max_bytes`; `error` (a named project error
+    class) for anything that cannot be read or parsed (`follow`: see `open_regular`)."""
+    data = read_regular_bytes(path, max_bytes, error, follow)
     value = parse_json_bytes(data, str(path), error)
     if json_depth(value) > MAX_JSON_DEPTH:
         raise error(f"{path}: JSON nested more than {MAX_JSON_DEPTH} levels deep")
@@ -141,8 +217,8 @@ def json_depth(value: object) -> int:
     return deepest
 
 
-def read_json_object(path: Path, error: type[AscendconvError]) -> dict:
-    data = read_json(path, error)
+def read_json_object(path: Path, error: type[AscendconvError], follow: bool = True) -> dict:
+    data = read_json(path, error, follow=follow)
     if not isinstance(data, dict):
         raise error(f"{path}: a JSON {type(data).__name__}, not an object")
     return data

@@ -7,11 +7,13 @@ import re
 from pathlib import Path
 
 from ascendconv.errors import NotCachedError, NotFoundError
+from ascendconv.io.files import read_regular_bytes
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?$")
 # A revision is a branch or tag (which may hold '/') or a commit; never a path that climbs out.
 REVISION = re.compile(r"^(?!.*(^|/)\.\.?(/|$))[\w.-]+(/[\w.-]+)*$")
 COMMIT = re.compile(r"^(?!\.\.?$)[\w.-]+$")  # one path component: what a refs/ file names
+MAX_REF_BYTES = 4096  # a commit hash and a newline; a ref file of more is not one
 
 
 def hub_cache_dir() -> Path:
@@ -56,8 +58,10 @@ def resolve_source(text: str) -> Path:
         raise NotCachedError(f"{text}: not a local directory and not in the Hugging Face cache at {cache}")
     revision = revision or "main"
     ref = repo_dir / "refs" / revision
-    commit = ref.read_text(errors="replace").strip() if ref.is_file() else revision
-    if ref.is_file() and not COMMIT.match(commit):
+    has_ref = os.path.lexists(ref)
+    # a refs/ file holds a commit hash: read at most a few bytes of it, never a FIFO or a device
+    commit = read_regular_bytes(ref, MAX_REF_BYTES, NotCachedError).decode(errors="replace").strip() if has_ref else revision
+    if has_ref and not COMMIT.match(commit):
         raise NotCachedError(f"{text}: {ref} does not hold a commit hash", "the cache is damaged; download again")
     snapshot = snapshots / commit
     # a snapshot links its files into the cache's blobs, but is itself a directory of the cache

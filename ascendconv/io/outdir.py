@@ -24,7 +24,7 @@ import threading
 from pathlib import Path
 from typing import Callable, Iterator, NoReturn
 
-from ascendconv.errors import Interrupted, OutputBusyError, OutputExistsError, UnsafeOutputError
+from ascendconv.errors import AscendconvError, Interrupted, OutputBusyError, OutputExistsError, UnsafeOutputError
 from ascendconv.io.files import is_within
 
 STAGING_TAG = ".ascendconv-staging-"
@@ -48,8 +48,8 @@ def check_output(out: Path, source_root: Path, overwrite: bool, marker: str) -> 
     shown = f"{out}" + (f" (= {real_out})" if str(real_out) != str(out.absolute()) else "")
     if real_out == Path(real_out.anchor) or real_out == Path(os.path.realpath(Path.home())):
         raise UnsafeOutputError(f"{shown}: the output directory is the filesystem root or the home directory")
-    if real_out == real_src:
-        raise OutputExistsError(f"{shown}: the output directory is the source directory")
+    if real_out == real_src:  # --overwrite cannot help: the source is never replaced
+        raise OutputExistsError(f"{shown}: the output directory is the source directory", "choose an OUT other than the source")
     if is_within(real_src, real_out):
         raise UnsafeOutputError(f"{shown}: the output directory contains the source {source_root}")
     if is_within(real_out, real_src):
@@ -78,11 +78,23 @@ def check_output(out: Path, source_root: Path, overwrite: bool, marker: str) -> 
 _deferred: list[int] | None = None  # signals held back while a rename pair must not be split
 
 
+_received: list[int] = []  # the last interrupting signal our handler saw
+
+
 def _raise_interrupt(signum: int, frame) -> None:
+    _received[:] = [signum]
     if _deferred is not None:
         _deferred.append(signum)
         return
     raise Interrupted(signum)
+
+
+def as_interrupt(exc: KeyboardInterrupt) -> Interrupted:
+    """Our Interrupted for a KeyboardInterrupt that a library raised in its place (Ray's waits turn
+    the one our handler raised into a plain one): the signal our handler last saw, else SIGINT."""
+    if isinstance(exc, Interrupted):
+        return exc
+    return Interrupted(_received[0] if _received else signal.SIGINT)
 
 
 @contextlib.contextmanager
@@ -94,6 +106,7 @@ def signals_interrupt() -> Iterator[None]:
         yield
         return
     previous = {}
+    _received.clear()
     for name in INTERRUPTING_SIGNALS:
         number = getattr(signal, name)
         current = signal.getsignal(number)
@@ -104,6 +117,22 @@ def signals_interrupt() -> Iterator[None]:
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
+
+
+@contextlib.contextmanager
+def signals_kept() -> Iterator[None]:
+    """Whatever a library installs for the interrupting signals inside (Ray's driver puts its own
+    SIGTERM handler, which exits 1 with a dump), ours are back on the way out."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    kept = {getattr(signal, name): signal.getsignal(getattr(signal, name)) for name in INTERRUPTING_SIGNALS}
+    try:
+        yield
+    finally:
+        for number, handler in kept.items():
+            if handler is not None:
+                signal.signal(number, handler)
 
 
 @contextlib.contextmanager
@@ -299,10 +328,16 @@ class StagedOutput:
                     directory.rmdir()
         if isinstance(exc, KeyboardInterrupt):
             exc.outcome = self.outcome  # type: ignore[attr-defined]
+        elif isinstance(exc, AscendconvError) and self._kept():
+            kept = f"finished shards are kept in {self.staging}: the same command with --resume reuses them"
+            exc.hint = f"{exc.hint}; {kept}" if exc.hint else kept
+
+    def _kept(self) -> bool:
+        return not self.published and self.resume is not None and self.staging is not None and self.staging.is_dir()
 
     @property
     def outcome(self) -> str:
-        if not self.published and self.resume is not None and self.staging is not None:
+        if self._kept():
             return f"nothing was written at {self.out}; finished shards are kept in {self.staging} for --resume"
         if not self.published:
             return f"nothing was written at {self.out}"

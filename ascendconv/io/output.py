@@ -117,8 +117,9 @@ _NO_SPACE = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
 _REFUSED = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENAMETOOLONG, errno.EISDIR, errno.ENOTDIR, errno.EEXIST}
 
 
-def output_error(exc: OSError, out: Path) -> OutputWriteError | OutputPathError:
-    """The named error for an OSError raised while the package at `out` was being written."""
+def output_error(exc: OSError, out: Path, shard_size_option: bool = True) -> OutputWriteError | OutputPathError:
+    """The named error for an OSError raised while the package at `out` was being written (by a
+    command with --max-shard-size, or without: assemble)."""
     where = exc.filename or out
     if exc.errno in _NO_SPACE:
         free = ""
@@ -130,7 +131,7 @@ def output_error(exc: OSError, out: Path) -> OutputWriteError | OutputPathError:
         return OutputWriteError(
             f"{where}: a file grew past the file-size limit of this process or file system (ulimit -f); "
             "the package was not written",
-            "raise the limit (ulimit -f unlimited), or pass a smaller --max-shard-size",
+            "raise the limit (ulimit -f unlimited)" + (", or pass a smaller --max-shard-size" if shard_size_option else ""),
         )
     if exc.errno in _REFUSED:
         return OutputPathError(f"{where}: {exc.strerror}; the package was not written")
@@ -138,9 +139,9 @@ def output_error(exc: OSError, out: Path) -> OutputWriteError | OutputPathError:
 
 
 @contextlib.contextmanager
-def output_errors(out: Path) -> Iterator[None]:
+def output_errors(out: Path, shard_size_option: bool = True) -> Iterator[None]:
     """Raise the named error (see `output_error`) instead of an OSError from the block inside."""
     try:
         yield
     except OSError as exc:
-        raise output_error(exc, out) from exc
+        raise output_error(exc, out, shard_size_option) from exc

@@ -8,6 +8,7 @@ package at all (no readable description) raises.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from ascendconv.errors import HeaderError, NotFoundError, PackageAsSourceError, PackageError, PartDirectoryError, shown
@@ -88,7 +89,8 @@ class Package:
         broken: dict[str, str] = {}
         tensors: dict[str, TensorEntry] = {}
         duplicates = []
-        for shard in (root / name for name in expected if name in present):
+        present_names = set(present)
+        for shard in (root / name for name in expected if name in present_names):
             try:
                 header = read_header(shard)
             except HeaderError as exc:
@@ -109,13 +111,16 @@ class Package:
         """The provenance file as a typed record (empty when there is none)."""
         return Provenance(self.provenance or {})
 
-    @property
+    # Membership by sets: a package may have 100,000 shards, and lists would make these quadratic.
+    @cached_property
     def missing(self) -> list[str]:
-        return [f for f in self.expected if f not in self.present]
+        present = set(self.present)
+        return [f for f in self.expected if f not in present]
 
-    @property
+    @cached_property
     def strays(self) -> list[str]:
-        return [f for f in self.present if f not in self.expected]
+        expected = set(self.expected)
+        return [f for f in self.present if f not in expected]
 
     @property
     def shard_files(self) -> list[str]:
@@ -171,7 +176,7 @@ def refuse_part_directory(directory: Path, wanted: str) -> None:
     which = f"part {number} of {count}" if isinstance(number, int) and isinstance(count, int) else "a part"
     raise PartDirectoryError(
         f"{directory}: {which} of a `convert --part` run, not {wanted}",
-        f"run assemble: `ascendconv assemble OUT PARTDIR...` with every part's directory, then use OUT",
+        "run assemble: `ascendconv assemble OUT PARTDIR...` with every part's directory, then use OUT",
     )
 
 

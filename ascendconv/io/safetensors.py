@@ -8,18 +8,21 @@ written by `io.writer.ShardWriter`.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import functools
 import math
 import mmap
 import os
 import struct
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
-from ascendconv.errors import HeaderError, TruncatedFileError, shown
-from ascendconv.io.files import lease, open_regular, parse_json_bytes, populate, unlease
+from ascendconv.errors import HeaderError, OutOfMemoryError, TruncatedFileError, shown
+from ascendconv.io.files import is_text, lease, open_regular, parse_json_bytes, populate, unlease
 
 if TYPE_CHECKING:
     import numpy as np
@@ -156,9 +159,16 @@ def read_header(path: str | os.PathLike) -> SafetensorsHeader:
     if not isinstance(header, dict):
         raise HeaderError(f"{path}: the header is a JSON {type(header).__name__}, not an object")
 
-    metadata = header.pop("__metadata__", None) or {}
+    metadata = header.pop("__metadata__", None)  # null is what the safetensors library reads as none
+    metadata = {} if metadata is None else metadata
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
-        raise HeaderError(f"{path}: __metadata__ must map strings to strings")
+        raise HeaderError(f"{path}: __metadata__ is {shown(metadata)}; it must map strings to strings")
+    for name in header:
+        if not is_text(name):
+            raise HeaderError(
+                f"{path}: tensor name {shown(name)} holds a lone surrogate (an escape such as \\ud800), which is not "
+                "text: no file or header could carry it"
+            )
 
     data_start = 8 + header_len
     data_size = file_size - data_start
@@ -270,37 +280,72 @@ def _parse_entry(path: Path, name: str, info: object, data_start: int) -> Tensor
     return TensorEntry(name, dtype, tuple(shape), path, data_start + offsets[0], nbytes)
 
 
+def open_file_budget() -> int:
+    """How many source files a reader keeps open at once: a quarter of this process's descriptor
+    limit (ulimit -n), at most 512, at least 16. A checkpoint of 1,000+ shards would otherwise exhaust
+    a limit of 1024 and fail as if its files were unreadable."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        soft = 2048 if soft == resource.RLIM_INFINITY else soft
+    except (ImportError, OSError, ValueError):  # not POSIX
+        soft = 1024
+    return max(16, min(512, soft // 4))
+
+
 class TensorReader:
-    """Positioned reads of tensor bytes; one open descriptor per file.
+    """Positioned reads of tensor bytes; at most `open_file_budget()` descriptors open at once.
 
     Reads go through `os.pread` into fresh buffers; `map_range` maps one range for as long as its
     array lives. Either way resident memory is bounded by what the caller holds, not by how much
-    of the file has been touched (as it would be with a mapping of whole files).
+    of the file has been touched (as it would be with a mapping of whole files). Past the budget
+    the least recently used descriptor no read is using is closed (a mapping keeps its file alive
+    without it); a file is opened again when it is next read.
     """
 
     def __init__(self) -> None:
-        self._fds: dict[Path, int] = {}
+        self._fds: OrderedDict[Path, int] = OrderedDict()  # least recently used first
+        self._using: dict[Path, int] = {}  # reads in flight per file: their descriptor stays open
+        self._budget = open_file_budget()
         self._lock = threading.Lock()
 
-    def _fd(self, path: Path) -> int:
-        fd = self._fds.get(path)
-        if fd is None:
-            with self._lock:  # verify's threads share one reader
-                fd = self._fds.get(path)
-                if fd is None:
-                    fd, _ = open_regular(path)  # O_NONBLOCK: never waits on a FIFO put in the file's place
-                    if hasattr(os, "posix_fadvise"):  # tensors are read front to back: read ahead generously
-                        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-                    lease(fd, path)  # mapped reads: see files.mapped_reads_guarded
-                    self._fds[path] = fd
-        return fd
+    @contextlib.contextmanager
+    def _open(self, path: Path) -> Iterator[int]:
+        """The file's descriptor, kept open while the block inside runs (other threads may read)."""
+        with self._lock:  # verify's threads share one reader
+            fd = self._fds.get(path)
+            if fd is None:
+                self._evict()
+                fd, _ = open_regular(path)  # O_NONBLOCK: never waits on a FIFO put in the file's place
+                if hasattr(os, "posix_fadvise"):  # tensors are read front to back: read ahead generously
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+                lease(fd, path)  # mapped reads: see files.mapped_reads_guarded
+                self._fds[path] = fd
+            self._fds.move_to_end(path)
+            self._using[path] = self._using.get(path, 0) + 1
+        try:
+            yield fd
+        finally:
+            with self._lock:
+                self._using[path] -= 1
+
+    def _evict(self) -> None:
+        """Close least recently used descriptors no read is using until one more fits the budget."""
+        idle = [p for p in self._fds if not self._using.get(p)]
+        while len(self._fds) >= self._budget and idle:
+            path = idle.pop(0)
+            fd = self._fds.pop(path)
+            unlease(fd)
+            os.close(fd)
 
     def hold(self, paths) -> None:
         """Open (and, under `mapped_reads_guarded`, lease) these files now, before anything is read
         from them: a writer or truncation that comes later is then held back and reported, instead of
         cutting a file short before its first read."""
-        for path in sorted(set(paths)):
-            self._fd(path)
+        for path in sorted(set(paths))[: self._budget]:  # past the budget, a file is leased when it is read
+            with self._open(path):
+                pass
 
     def read_bytes(self, entry: TensorEntry, start: int = 0, count: int | None = None) -> bytearray:
         """`count` bytes of the tensor's data starting `start` bytes into it."""
@@ -309,13 +354,13 @@ class TensorReader:
             raise ValueError(f"byte range [{start}, {start + count}) outside tensor {shown(entry.name)}")
         buffer = bytearray(count)
         view = memoryview(buffer)
-        fd = self._fd(entry.path)
         done = 0
-        while done < count:
-            n = os.preadv(fd, [view[done:]], entry.offset + start + done)
-            if n == 0:
-                raise TruncatedFileError(f"{entry.path}: tensor {shown(entry.name)} is cut short (truncated file)")
-            done += n
+        with self._open(entry.path) as fd:
+            while done < count:
+                n = os.preadv(fd, [view[done:]], entry.offset + start + done)
+                if n == 0:
+                    raise TruncatedFileError(f"{entry.path}: tensor {shown(entry.name)} is cut short (truncated file)")
+                done += n
         return buffer
 
     def map_range(self, entry: TensorEntry, start: int, count: int) -> np.ndarray:
@@ -329,8 +374,11 @@ class TensorReader:
         aligned = begin - begin % mmap.ALLOCATIONGRANULARITY
         length = begin + count - aligned
         try:
-            mapped = mmap.mmap(self._fd(entry.path), length, access=mmap.ACCESS_READ, offset=aligned)
+            with self._open(entry.path) as fd:
+                mapped = mmap.mmap(fd, length, access=mmap.ACCESS_READ, offset=aligned)
         except (OSError, ValueError) as exc:  # e.g. the file shrank below the range
+            if getattr(exc, "errno", None) == errno.ENOMEM:  # this machine's memory, not the file, is short
+                raise OutOfMemoryError(f"{entry.path}: no memory left to map tensor {shown(entry.name)}") from exc
             raise TruncatedFileError(f"{entry.path}: tensor {shown(entry.name)} is cut short ({exc})") from exc
         if not populate(mapped, 0, length):
             mapped.close()
@@ -360,6 +408,7 @@ class TensorReader:
             unlease(fd)
             os.close(fd)
         self._fds.clear()
+        self._using.clear()
 
     def __enter__(self) -> "TensorReader":
         return self

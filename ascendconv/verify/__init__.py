@@ -10,7 +10,8 @@ The checks, in the order they run (names are stable: the JSON output and CI scri
 - structure (always): files, config, description, headers, index, coverage, dtypes, shapes, pairs,
   alignment, packed_groups, scales, payload; `tp` with `tp > 1`;
 - integrity: provenance, checksums (the BLAKE3, or for older packages sha256, of every shard against
-  ascendconv_provenance.json);
+  ascendconv_provenance.json, after its size), copies (the sha256 of every other file; with a source,
+  the carried files against the source's);
 - with a source: source (the package holds exactly what the source implies, copies are
   byte-identical), accuracy (per-tensor SQNR thresholds; FLOAT-resolved weights exact), exact (the
   package bytes re-derived with the numpy reference under the recorded rule), moe (the
@@ -35,7 +36,14 @@ from pathlib import Path
 
 from ascendconv.io.package import Package, refuse_part_directory
 from ascendconv.verify.checks import CHECKS
-from ascendconv.verify.integrity import _scan, check_checksums, check_payload, check_provenance, check_scales
+from ascendconv.verify.integrity import (
+    _scan,
+    check_checksums,
+    check_copies,
+    check_payload,
+    check_provenance,
+    check_scales,
+)
 from ascendconv.verify.layout import _Layout
 from ascendconv.options import Notice, VerifyProgress as Progress, VerifyOptions
 from ascendconv.verify.report import Check, MoeReport, NpuReport, TensorReport, VerifyReport
@@ -128,6 +136,7 @@ def _verify(
         checks.append(check_provenance(lay))
         if options.checksums:
             checks.append(check_checksums(lay, findings))
+            checks.append(check_copies(lay, source))
 
         tensors: list[TensorReport] = []
         moe: list[MoeReport] = []

@@ -22,7 +22,7 @@ from ascendconv.formats.metrics import ErrorAccumulator, ErrorStats
 from ascendconv.io.safetensors import TensorEntry, TensorReader
 from ascendconv.sources.base import Encoding
 from ascendconv.sources.rows import FloatRows, entry_points
-from ascendconv.verify.checks import STRUCTURAL_HINT, make_check
+from ascendconv.verify.checks import STRUCTURAL_HINT, make_check, skip_check
 from ascendconv.verify.layout import CHUNK_BYTES, FLOAT_DTYPES, _Layout, _Module, _row_chunks
 from ascendconv.verify.rows import _dequantize, _mapped_rows, _read_package_rows
 from ascendconv.options import Notice, VerifyProgress as Progress, VerifyOptions
@@ -125,7 +125,7 @@ def _module_measurable(lay: _Layout, module: _Module, linear) -> str | None:
 def _compare_source(
     lay: _Layout, source, options: VerifyOptions, progress: Progress | None, notice: Notice | None = None
 ) -> _SourceFindings:
-    from ascendconv.package_files import source_fingerprint
+    from ascendconv.package_files import data_sample, source_fingerprint
 
     found = _SourceFindings()
     prov = lay.pkg.record
@@ -135,8 +135,18 @@ def _compare_source(
     # 1. is this the source the package was made from?
     recorded = prov.source_files
     if recorded is not None:
-        have = {h.path.name: (h.file_size, source_fingerprint(h.header_bytes, h.file_size)) for h in source.headers}
-        want = {f.get("name"): (f.get("size"), f.get("fingerprint")) for f in recorded if isinstance(f, dict)}
+        # a name of another type than a string (a list: unhashable) is no shard of any source
+        want = {f["name"]: f for f in recorded if isinstance(f, dict) and isinstance(f.get("name"), str)}
+        sampled = {name for name, f in want.items() if "data_sample" in f}  # older packages: no sample
+        have = {
+            h.path.name: (h.file_size, source_fingerprint(h.header_bytes, h.file_size))
+            + ((data_sample(h),) if h.path.name in sampled else ())
+            for h in source.headers
+        }
+        want = {
+            name: (f.get("size"), f.get("fingerprint")) + ((f["data_sample"],) if name in sampled else ())
+            for name, f in want.items()
+        }
         if set(have) != set(want):
             found.source.append(
                 f"the package was converted from shards {sorted(want)}, the source given has {sorted(have)}"
@@ -146,7 +156,7 @@ def _compare_source(
                 if have[name] != want[name]:
                     found.source.append(
                         f"source shard {name} differs from the one converted (size {have[name][0]} vs recorded "
-                        f"{want[name][0]}, or another header)"
+                        f"{want[name][0]}, or another header, or other data)"
                     )
 
     # 2. the tensor set the source implies
@@ -480,6 +490,8 @@ def check_accuracy(found: _SourceFindings, options: VerifyOptions) -> Check:
             )
     measured_problems = bool(problems)
     problems += [f"not measured: {s}" for s in found.skipped]
+    if not found.tensors and not problems:
+        return skip_check("accuracy", "measured nothing: no weight of the package is in this source")
     mx_tensors = [t for t in found.tensors if t.type in MX_TYPES]
     detail = f"{len(found.tensors)} weights measured"
     if mx_tensors:
@@ -495,6 +507,8 @@ def check_exact(found: _SourceFindings, lay: _Layout, options: VerifyOptions) ->
     prov = lay.pkg.record
     if prov.scale_rule not in SCALE_RULES:
         return make_check("exact", [f"no scale rule recorded in {PROVENANCE_NAME}: the bytes cannot be re-derived"], "")
+    if not found.rows and not found.exact:  # nothing compared is no pass (the wrong source gives 0 rows)
+        return skip_check("exact", "compared nothing: no weight of the package could be re-derived from this source")
     if options.exact == "full" or options.sample >= 1.0:
         what = f"every row ({found.rows} rows)"
     else:

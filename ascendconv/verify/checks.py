@@ -26,7 +26,8 @@ CHECKS: dict[str, CheckKind] = {
         CheckKind(
             "files",
             "structure",
-            "delete stray *.safetensors files (vLLM loads every one) and restore missing shards, or convert again",
+            "delete stray *.safetensors files (vLLM loads every one) and stray *.safetensors.index.json files, and "
+            "restore missing shards, or convert again",
         ),
         CheckKind(
             "config",
@@ -108,6 +109,12 @@ CHECKS: dict[str, CheckKind] = {
             "integrity",
             "a shard changed after conversion (truncated, bit-flipped or replaced): copy it again or "
             "convert again; pass --no-checksums for a package written by another tool",
+        ),
+        CheckKind(
+            "copies",
+            "integrity",
+            "a file beside the shards (config.json, tokenizer, remote code, description, index) changed after "
+            "conversion or is not the source's: restore it from the source, or convert again",
         ),
         CheckKind(
             "source",

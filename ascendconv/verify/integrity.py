@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 from ascendconv.ascendv1 import PROVENANCE_NAME
 from ascendconv.errors import HeaderError, shown
@@ -55,7 +56,8 @@ def _scan(lay: _Layout, options: VerifyOptions, progress: Progress | None) -> _S
     checksum (`--no-checksums`, no provenance) or with a wrong one is scanned tensor by tensor."""
     findings = _ScanFindings()
     findings.carried = lay.pkg.record.source_nonfinite
-    files = [f for f in lay.expected if f in lay.present]
+    present = set(lay.present)
+    files = [f for f in lay.expected if f in present]
     total = sum(file_size(lay.root / f) for f in files)
     done = 0
     with TensorReader() as reader:
@@ -63,6 +65,10 @@ def _scan(lay: _Layout, options: VerifyOptions, progress: Progress | None) -> _S
             path = lay.root / file
             recorded = recorded_checksum(lay.pkg.provenance or {}, file) if options.checksums else None
             header = lay.headers.get(file)
+            unhashable = _unhashable(lay, file, header)
+            if unhashable is not None:
+                findings.unreadable[file] = unhashable
+                recorded = None
             try:
                 if recorded is not None:
                     findings.digests[file] = file_digest(path, recorded[0])
@@ -84,6 +90,18 @@ def _scan(lay: _Layout, options: VerifyOptions, progress: Progress | None) -> _S
             if progress:
                 progress("scan", done, total)
     return findings
+
+
+def _unhashable(lay: _Layout, file: str, header) -> str | None:
+    """Why a shard is not hashed, or None: a file whose header cannot be read, or whose size is not
+    the one the provenance recorded, would give a wrong checksum however long it is read (a link to a
+    50 GB sparse file, a device), so it is refused before a byte of its data is read."""
+    if header is None:
+        return f"{file}: not hashed, its header cannot be read ({lay.broken.get(file, 'see headers')})"
+    size, recorded = file_size(lay.root / file), lay.pkg.record.size(file)
+    if recorded is not None and size != recorded:
+        return f"{file}: {size} bytes, not the {recorded} recorded at conversion; not hashed"
+    return None
 
 
 def _scan_chunk(lay: _Layout, entry: TensorEntry, data: bytearray, row_start: int, findings: _ScanFindings) -> None:
@@ -218,6 +236,8 @@ def check_checksums(lay: _Layout, findings: _ScanFindings) -> Check:
                 f"(size now {file_size(lay.root / file)} bytes)"
             )
     named = "/".join(sorted(algorithms)) or "checksum"
+    if not checked and not problems:
+        return skip_check("checksums", "compared nothing: no shard has a checksum recorded (reported by provenance)")
     return make_check(
         "checksums",
         problems,
@@ -225,3 +245,77 @@ def check_checksums(lay: _Layout, findings: _ScanFindings) -> Check:
         "shard and provenance were both rewritten (only --source can tell)",
     )
 
+
+
+def check_copies(lay: _Layout, source=None) -> Check:
+    """The package's files other than shards (description, index, config.json, tokenizer, code) have
+    the sha256 the provenance recorded as written; with `source` (an opened Source), the files
+    carried from it are also its files: config.json once its quantization keys are removed, the
+    others byte for byte."""
+    from ascendconv.io.files import copy_regular
+    from ascendconv.errors import CopiedFileError
+
+    recorded = lay.pkg.record.files
+    if recorded is None:
+        if source is None:
+            return skip_check("copies", f"{PROVENANCE_NAME} records no digests of the package's other files (an older package)")
+        recorded = {}
+    problems = []
+    for name, want in sorted(recorded.items()):
+        path = lay.root / name
+        if name != Path(name).name or name.startswith("."):
+            problems.append(f"{PROVENANCE_NAME} records {shown(name)}, which is not a file of the package")
+            continue
+        try:
+            got = copy_regular(path, None, CopiedFileError, follow=False)
+        except (CopiedFileError, FileNotFoundError) as exc:
+            problems.append(f"{name}: {getattr(exc, 'message', 'is missing')}")
+            continue
+        if got != want:
+            problems.append(f"{name}: sha256 {got[:16]}... differs from the {want[:16]}... recorded at conversion")
+    compared = 0
+    if source is not None:
+        compared, source_problems = _copies_against_source(lay, source)
+        problems += source_problems
+    detail = f"{len(recorded)} file(s) have the sha256 recorded at conversion"
+    if source is not None:
+        detail += f"; {compared} carried file(s) match the source's"
+    return make_check("copies", problems, detail)
+
+
+def _copies_against_source(lay: _Layout, source) -> tuple[int, list[str]]:
+    import os
+
+    from ascendconv.errors import CopiedFileError
+    from ascendconv.io.files import MAX_COPIED_BYTES, copy_regular, read_json_object, read_regular_bytes
+    from ascendconv.package_files import CARD_NAME, carries_card, strip_quantization_config
+    from ascendconv.decide import Deployment
+    from ascendconv.plan import Planner
+
+    carried = Planner.for_source(source, Deployment()).copied_files  # what convert carries from this source
+    problems, compared = [], 0
+    for name in carried:
+        path = lay.root / name
+        if not os.path.lexists(path):
+            problems.append(f"{name}: in the source but not in the package")
+            continue
+        compared += 1
+        try:
+            if name == "config.json":
+                ours = read_json_object(path, CopiedFileError, follow=False)
+                if ours != strip_quantization_config(source.config):
+                    problems.append(
+                        "config.json differs from the source's (its quantization keys removed): another model's, or edited"
+                    )
+            elif name == CARD_NAME:  # the package's own card, the source's text below it
+                ours = read_regular_bytes(path, MAX_COPIED_BYTES, CopiedFileError, follow=False)
+                theirs = read_regular_bytes(Path(os.path.realpath(source.root / name)), MAX_COPIED_BYTES, CopiedFileError)
+                if not carries_card(ours.decode("utf-8", errors="replace"), theirs.decode("utf-8", errors="replace")):
+                    problems.append(f"{name}: does not carry the source's model card below the package's own")
+            elif copy_regular(path, None, CopiedFileError, follow=False) != copy_regular(
+                Path(os.path.realpath(source.root / name)), None, CopiedFileError
+            ):
+                problems.append(f"{name}: differs from the source's {name}")
+        except CopiedFileError as exc:
+            problems.append(exc.message)
+    return compared, problems

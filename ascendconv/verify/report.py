@@ -117,6 +117,20 @@ class VerifyReport:
     def failed(self) -> list[Check]:
         return [c for c in self.checks if not c.ok]
 
+    @property
+    def skipped(self) -> list[Check]:
+        """Checks that compared nothing (no provenance, no index, the wrong source): not passes."""
+        return [c for c in self.checks if c.ok and c.skipped]
+
+    @property
+    def passed(self) -> list[Check]:
+        return [c for c in self.checks if c.ok and not c.skipped]
+
+    def tally(self) -> str:
+        """'17 passed, 1 skipped' (and the failed ones, if any)."""
+        counts = [(len(self.passed), "passed"), (len(self.skipped), "skipped"), (len(self.failed), "failed")]
+        return ", ".join(f"{n} {what}" for n, what in counts if n or what == "passed")
+
     def check(self, name: str) -> Check | None:
         return next((c for c in self.checks if c.name == name), None)
 
@@ -127,6 +141,7 @@ class VerifyReport:
             "ok": self.ok,
             "package": str(self.package),
             "failed": [c.name for c in self.failed],
+            "skipped": [c.name for c in self.skipped],
             "checks": [c.to_dict() for c in self.checks],
             "tensors": [t.to_dict() for t in self.tensors],
             "moe": [m.to_dict() for m in self.moe],

@@ -3,6 +3,8 @@ alignment, packed groups and tensor parallelism, from the headers and JSON files
 
 from __future__ import annotations
 
+from collections import Counter
+
 from ascendconv.ascendv1 import (
     DESCRIPTION_NAME,
     INDEX_NAME,
@@ -38,6 +40,30 @@ FP8_DTYPES = ("F8_E4M3", "F8_E5M2", "F8_E8M0")
 KV_HEAD_PROJECTIONS = ("k_proj", "v_proj")  # replicated instead of split when kv heads < T
 
 
+MAX_HOLES_LISTED = 20
+
+
+def _numbering_holes(have: set[int], total: int, present: set[str]) -> list[str]:
+    """The numbers 1..total neither indexed nor present, found gap by gap (the total comes from a
+    file name, and may be 10**12): the first MAX_HOLES_LISTED named, the rest counted."""
+    indexed = sorted(n for n in have if 1 <= n <= total)
+    numbered = (SHARD_PATTERN.match(f) for f in present)
+    unindexed_present = sum(1 for m in numbered if m and int(m[2]) == total and 1 <= int(m[1]) <= total and int(m[1]) not in have)
+    absent = total - len(indexed) - unindexed_present
+    listed: list[str] = []
+    previous = 0
+    for number in [*indexed, total + 1]:
+        for hole in range(previous + 1, number):
+            if len(listed) == MAX_HOLES_LISTED:
+                break
+            if SHARD_NAME.format(hole, total) not in present:
+                listed.append(f"shard numbering has a hole: {SHARD_NAME.format(hole, total)} is neither indexed nor present")
+        previous = number
+    if absent > len(listed):
+        listed.append(f"and {absent - len(listed)} more holes in the numbering of {total} shards")
+    return listed
+
+
 def check_files(lay: _Layout) -> Check:
     problems = []
     for stray in lay.strays:
@@ -49,10 +75,10 @@ def check_files(lay: _Layout) -> Check:
         else:
             why = "is not part of the package"
         problems.append(f"stray file {stray}: {why}, and vLLM loads every *.safetensors in the directory")
+    users = Counter(lay.pkg.weight_map.values()) if lay.missing else Counter()
     for missing in lay.missing:
         if lay.index is not None:
-            users = sorted(t for t, f in lay.pkg.weight_map.items() if f == missing)
-            problems.append(f"shard {missing} is named by {INDEX_NAME} for {len(users)} tensor(s) but is missing")
+            problems.append(f"shard {missing} is named by {INDEX_NAME} for {users[missing]} tensor(s) but is missing")
         elif not any(SHARD_PATTERN.match(f) for f in lay.present):
             problems.append(f"no {INDEX_NAME} and no {SINGLE_SHARD_NAME}: the package has no weights")
     if lay.index is not None:
@@ -66,13 +92,14 @@ def check_files(lay: _Layout) -> Check:
         totals = {total for _, total in numbers}
         if numbers and len(totals) == 1:
             total = totals.pop()
-            have = {number for number, _ in numbers}
-            holes = [SHARD_NAME.format(i, total) for i in range(1, total + 1) if i not in have]
-            for hole in holes:
-                if hole not in lay.present:
-                    problems.append(f"shard numbering has a hole: {hole} is neither indexed nor present")
+            problems += _numbering_holes({number for number, _ in numbers}, total, set(lay.present))
         elif len(totals) > 1:
             problems.append(f"shards disagree on their count: {', '.join(lay.expected)}")
+    for other in sorted(p.name for p in lay.root.glob("*.safetensors.index.json") if p.name != INDEX_NAME):
+        problems.append(
+            f"stray index {other}: vLLM chooses the shards it loads from a *.safetensors.index.json, and this one is "
+            "not the package's"
+        )
     if not (lay.root / "config.json").is_file():
         problems.append("config.json is missing: vLLM cannot build the model")
     return make_check("files", problems, f"{len(lay.expected)} shard(s), no stray *.safetensors")
@@ -83,14 +110,14 @@ def check_config(lay: _Layout) -> Check:
     if config is None:
         return skip_check("config", "no config.json (reported by files)")
     problems = []
-    if "quantization_config" in config:
-        problems.append(
-            "config.json keeps quantization_config: vLLM would take the FP8 path or refuse the model"
-        )
-    text = config.get("text_config")
-    if isinstance(text, dict) and "quantization_config" in text:
-        problems.append("config.json keeps text_config.quantization_config: vLLM would take the FP8 path")
-    return make_check("config", problems, "config.json has no quantization_config")
+    # vLLM reads the quantization from either key (compression_config is the name it falls back to)
+    for key in ("quantization_config", "compression_config"):
+        if key in config:
+            problems.append(f"config.json keeps {key}: vLLM would take the FP8 path or refuse the model")
+        text = config.get("text_config")
+        if isinstance(text, dict) and key in text:
+            problems.append(f"config.json keeps text_config.{key}: vLLM would take the FP8 path")
+    return make_check("config", problems, "config.json has no quantization_config or compression_config")
 
 
 def check_description(lay: _Layout) -> Check:
@@ -99,8 +126,11 @@ def check_description(lay: _Layout) -> Check:
     if fields.get("version") != "1.0.0":
         problems.append(f"{DESCRIPTION_NAME}: version is {shown(fields.get('version'))}, expected '1.0.0'")
     group_size = fields.get("group_size")
-    if isinstance(group_size, bool) or group_size != GROUP_SIZE:
-        problems.append(f"{DESCRIPTION_NAME}: group_size is {shown(group_size)}, expected {GROUP_SIZE} (0 breaks the loader)")
+    if type(group_size) is not int or group_size != GROUP_SIZE:  # 32.0 == 32, but breaks vllm-ascend's shapes
+        problems.append(
+            f"{DESCRIPTION_NAME}: group_size is {shown(group_size)}, expected the integer {GROUP_SIZE} "
+            "(0 breaks the loader, a float its shapes)"
+        )
     for key in ("metadata", "optional"):
         if not isinstance(fields.get(key, {}), dict):
             problems.append(f"{DESCRIPTION_NAME}: {key} is {shown(fields[key])}, expected an object")
@@ -133,10 +163,11 @@ def check_index(lay: _Layout) -> Check:
     problems = []
     weight_map = lay.pkg.weight_map
     metadata = lay.index.get("metadata") if isinstance(lay.index.get("metadata"), dict) else {}
+    missing = set(lay.missing)
     for name, file in sorted(weight_map.items()):
         entry = lay.tensors.get(name)
         if entry is None:
-            if file not in lay.broken and file not in lay.missing:
+            if file not in lay.broken and file not in missing:
                 problems.append(f"{INDEX_NAME} maps {shown(name)} to {file} but no shard holds it")
         elif entry.path.name != file:
             problems.append(f"{INDEX_NAME} maps {shown(name)} to {file} but it is in {entry.path.name}")
@@ -263,33 +294,40 @@ def check_packed_groups(lay: _Layout) -> Check:
     return make_check("packed_groups", problems, f"{len(groups)} packed group(s) and MoE layer(s), each of one type")
 
 
-def check_tp(lay: _Layout, tp: int, ep: bool = False) -> Check:
-    config = lay.pkg.config or {}
+def split_problem(prefix: str, label: str, n: int, k: int, routed: bool, deployment: Deployment, kv_heads) -> str | None:
+    """Why vLLM cannot split the linear `prefix` (N x K, of type `label`) over deployment.tp ranks,
+    or None. Shared by verify's `tp` check and by convert, which refuses a deployment up front."""
+    role = tp_role(prefix)
+    tp = deployment.tp
+    where = f"{prefix} ({label}, {role}-parallel)"
+    if role == "row":
+        rank_k_value, k_label = rank_k(prefix, k, routed, deployment)
+        problem = k_label if rank_k_value is None else alignment_problem(label, rank_k_value, routed, k_label)
+        return f"{where}: {problem}" if problem else None
+    last = prefix.rsplit(".", 1)[-1]
+    if last in KV_HEAD_PROJECTIONS and isinstance(kv_heads, int) and 0 < kv_heads < tp:
+        return f"{where}: {kv_heads} KV heads cannot be replicated evenly over {tp} ranks" if tp % kv_heads else None
+    return f"{where}: N={n} does not split over {tp} ranks (N/T = {n / tp:g})" if n % tp else None
+
+
+def kv_head_count(config: dict | None):
+    config = config or {}
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
-    kv_heads = config.get("num_key_value_heads", text.get("num_key_value_heads"))
+    return config.get("num_key_value_heads", text.get("num_key_value_heads"))
+
+
+def check_tp(lay: _Layout, tp: int, ep: bool = False) -> Check:
+    kv_heads = kv_head_count(lay.pkg.config)
     problems = []
     checked = 0
     for prefix, module in sorted(lay.modules.items()):
-        role = tp_role(prefix)
-        n, k = module.n, module.k
-        if role in (None, "replicated") or n is None:
+        if tp_role(prefix) in (None, "replicated") or module.n is None:
             continue
         checked += 1
-        where = f"{prefix} ({module.label}, {role}-parallel)"
-        if role == "row":
-            routed = is_routed_expert(prefix, lay.rules)
-            rank_k_value, k_label = rank_k(prefix, k, routed, Deployment(tp, ep))
-            problem = k_label if rank_k_value is None else alignment_problem(module.label, rank_k_value, routed, k_label)
-            if problem:
-                problems.append(f"{where}: {problem}")
-        else:
-            last = prefix.rsplit(".", 1)[-1]
-            if last in KV_HEAD_PROJECTIONS and isinstance(kv_heads, int) and 0 < kv_heads < tp:
-                if tp % kv_heads:
-                    problems.append(f"{where}: {kv_heads} KV heads cannot be replicated evenly over {tp} ranks")
-                continue
-            if n % tp:
-                problems.append(f"{where}: N={n} does not split over {tp} ranks (N/T = {n / tp:g})")
+        routed = is_routed_expert(prefix, lay.rules)
+        problem = split_problem(prefix, module.label, module.n, module.k, routed, Deployment(tp, ep), kv_heads)
+        if problem:
+            problems.append(problem)
     return make_check("tp", problems, f"{checked} split linears align under --tp {tp}")
 
 

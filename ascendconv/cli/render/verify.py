@@ -69,9 +69,8 @@ def render_verify(report, out: Console, top: int = 10, quiet: bool = False, depl
         ]
         headers = ["layer", "experts", "tokens", "rel err", "codes eq", "scales eq", "tol", "ok"]
         print_table(out, headers, rows, right=(1, 2, 3, 4, 5, 6))
-    passed = sum(1 for c in report.checks if c.ok and not c.skipped)
     if report.ok:
-        out.print(f"[bold green]OK[/]: {passed} check(s) passed ({report.seconds:.2f} s)", highlight=False)
+        out.print(f"[bold green]OK[/]: {report.tally()} ({report.seconds:.2f} s)", highlight=False)
     else:
         names = ", ".join(c.name for c in report.failed)
         out.print(f"[bold red]FAILED[/]: {len(report.failed)} check(s) failed: {names}", highlight=False)
