@@ -11,6 +11,9 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 from typer.testing import CliRunner
 
 from ascendconv.cli import app
@@ -301,3 +304,17 @@ def test_gguf_is_refused_by_name(tmp_path):
         assert "split-half nibbles" in caught.value.hint
         result = runner.invoke(app, ["convert", str(path), str(tmp_path / "out")])
         assert result.exit_code == 3 and "GGUF" in result.stderr
+
+
+@settings(max_examples=60, deadline=None, database=None)
+@given(
+    packed=hnp.arrays(np.uint8, st.tuples(st.integers(1, 4), st.sampled_from([16, 32, 48])), elements=st.integers(0, 255)),
+    scale=st.integers(0, 250),
+)
+def test_the_exact_fallback_and_the_decode_agree_with_the_reference(packed, scale):
+    """For any packed E2M1 rows and E8M0 bytes: e2m1-as-e4m3 under the same bytes dequantizes to the
+    decoded MXFP4 values, and both equal the reference dequantizer's."""
+    scales = np.full((packed.shape[0], packed.shape[1] // 16), scale, np.uint8)
+    values = relayout.decode(packed, scales, E2M1)
+    assert np.array_equal(values, mx.dequantize_mx(elements.unpack_fp4(packed), scales, E2M1))
+    assert np.array_equal(mx.dequantize_mx(relayout.e2m1_as_e4m3(packed), scales, E4M3), values)
