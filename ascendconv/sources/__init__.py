@@ -44,11 +44,12 @@ def open_source(path: str | os.PathLike) -> Source:
     """The source checkpoint at `path`, in whichever format it is: config first (a refusal names
     the format problem before any shard is read), then every header, then the format's pairing."""
     root = Path(path)
+    # before config.json, which a GGUF download may not have; a .gguf file given as SRC too
     if root.suffix.lower() == ".gguf" or (root.is_dir() and any(root.glob("*.gguf")) and not any(root.glob("*.safetensors"))):
         raise UnsupportedSourceError(
-            f"{root}: GGUF is not a supported source",
-            "GGUF packs MXFP4 blocks with split-half nibbles and is not a safetensors checkpoint; convert the "
-            "safetensors release of the model",
+            f"{root}: GGUF is not a supported source (a .gguf file, or *.gguf files and no *.safetensors)",
+            "convert the safetensors release of the model (GGUF's MXFP4 blocks pair elements j and j+16 in a "
+            "byte, split-half nibbles no AscendV1 type stores)",
         )
     if not root.is_dir():
         raise NotFoundError(f"{root}: no such directory", "pass the checkpoint directory")
