@@ -45,9 +45,7 @@ def inspect_source(root: Path, glob: str | None, deployment: Deployment) -> Insp
         estimates: dict[str, SchemeEstimate] = {}
         written: dict[str, dict[str, str]] = {}
         planner = Planner.for_source(source, deployment)
-        # `native` differs from w8a8-mxfp8 only for a source that holds MX linears
-        mx_source = any(linear.native for linear in source.linears.values())
-        for scheme in (s for s in SCHEMES if s != "native" or mx_source):
+        for scheme in SCHEMES:
             plan = planner.plan(scheme)
             written[scheme] = {m: d.written for m, d in plan.decisions.items()}
             estimates[scheme] = SchemeEstimate(
