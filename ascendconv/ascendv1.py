@@ -195,11 +195,13 @@ MX_TYPES = tuple(name for name, t in QUANT_TYPES.items() if t.scaled)  # the typ
 
 @dataclass(frozen=True)
 class SchemeRow:
-    """One `--scheme`: the type every FP8 linear asks for, and the type routed experts ask for."""
+    """One `--scheme`: the type every FP8 linear asks for, and the type routed experts ask for;
+    `native`: an MX source linear asks for the type its bytes already are instead (re-laid out)."""
 
     name: str
     linear: str
     expert: str
+    native: bool = False
 
     def requested(self, routed: bool) -> str:
         return self.expert if routed else self.linear
@@ -212,6 +214,7 @@ SCHEME_ROWS: tuple[SchemeRow, ...] = (
     SchemeRow("w4a16-mxfp4-moe", W8A8_MXFP8, W4A16_MXFP4),
     SchemeRow("w4a4-mxfp4", W4A4_MXFP4, W4A4_MXFP4),
     SchemeRow("w4a4-mxfp4-moe", W8A8_MXFP8, W4A4_MXFP4),
+    SchemeRow("native", W8A8_MXFP8, W8A8_MXFP8, native=True),
 )
 SCHEME_TABLE: dict[str, SchemeRow] = {row.name: row for row in SCHEME_ROWS}
 

@@ -92,12 +92,15 @@ def is_routed_expert(prefix: str, rules: ModelRules = GENERIC_RULES) -> bool:
 
 
 def requested_type(
-    prefix: str, scheme: str, overrides: list[Override], kept_float: str | None = None, routed: bool = False
+    prefix: str, scheme: str, overrides: list[Override], kept_float: str | None = None, routed: bool = False,
+    native: str | None = None,
 ) -> tuple[str, str]:
     """The type the user asked for and where that came from (`kept_float`: why the model's rules
-    keep the module FLOAT, if they do)."""
+    keep the module FLOAT, if they do; `native`: the type an MX source linear's bytes already are)."""
     if kept_float:
         wanted, why = FLOAT, kept_float
+    elif native and SCHEME_TABLE[scheme].native:
+        wanted, why = native, f"scheme {scheme}: the source is {native}"
     else:
         wanted, why = SCHEME_TABLE[scheme].requested(routed), SCHEME_REASONS[scheme]
     for override in overrides:
@@ -182,6 +185,7 @@ class ModuleFacts:
     mtp: bool  # in a multi-token-prediction layer
     k: int | None  # K as one rank sees it (None: K does not split over the ranks)
     k_label: str  # how to say K in a reason
+    native: str | None = None  # the type an MX source linear already is (sources/base.py)
 
 
 def module_facts(
@@ -197,7 +201,9 @@ def module_facts(
             if shared_in is not None:  # loaded into the routed experts' tensor: one of them
                 routed, group = True, shared_in + ".experts"
         k, k_label = rank_k(prefix, linear.shape[1], routed, deployment)
-        facts[prefix] = ModuleFacts(group, routed, rules.default_float(prefix), rules.is_mtp(prefix), k, k_label)
+        facts[prefix] = ModuleFacts(
+            group, routed, rules.default_float(prefix), rules.is_mtp(prefix), k, k_label, linear.native
+        )
     return facts
 
 
@@ -226,7 +232,7 @@ def decide_modules(
         wants, fits = [], []
         for prefix in members:
             fact = facts[prefix]
-            want = requested_type(prefix, scheme, overrides, fact.kept_float, fact.routed)
+            want = requested_type(prefix, scheme, overrides, fact.kept_float, fact.routed, fact.native)
             wants.append(want)
             fits.append(best_feasible(want[0], fact.k, fact.routed, fact.k_label))
         lowest = min((fit[0] for fit in fits), key=RANK.__getitem__)

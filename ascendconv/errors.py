@@ -139,6 +139,13 @@ class UnsupportedSourceError(InputError):
     default_hint = "ascendconv reads the source formats listed in docs/sources.md"
 
 
+class InexactSourceError(UnsupportedSourceError):
+    """A quantized format no AscendV1 type holds exactly (NVFP4, FP6): refused rather than
+    re-quantized silently."""
+
+    default_hint = "convert the model from its BF16 or FP8 release instead (docs/sources.md)"
+
+
 class NoQuantizableLinearError(UnrecognizedCheckpointError):
     """A float checkpoint with nothing to quantize (no linear projection among its tensors)."""
 

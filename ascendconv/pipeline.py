@@ -371,7 +371,11 @@ def _linear_items(
 
         def compute(data, row_start=row_start, rows=rows) -> list[tuple]:
             # the numba kernels write into recycled buffers (`out`); the reference allocates
-            out = {} if pools is None or kernel.name != "numba" else {"out": pools["out"].take(rows * out_row_bytes)}
+            buffered = pools is not None and kernel.name == "numba" and tensor.kind is not OutputKind.MX_RELAID
+            out = {"out": pools["out"].take(rows * out_row_bytes)} if buffered else {}
+            if tensor.kind is OutputKind.MX_RELAID:  # no output buffer: the source bytes, or a table lookup
+                payload, scales = rows_of.relaid(data, row_start, rows, tensor.transform)
+                return [WriteTensor(tensor.name, payload), CollectScales(scale_name, scales, row_start + rows == n)]
             if tensor.kind is OutputKind.RESOLVE:
                 if out:
                     out["out"] = out["out"].view(np.uint16).reshape(rows, k)

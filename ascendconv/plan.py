@@ -34,7 +34,7 @@ from ascendconv.decide import (
 )
 from ascendconv.errors import BadOptionError
 from ascendconv.gcpause import gc_paused
-from ascendconv.formats.constants import FLOAT, RESOLVE_DTYPES
+from ascendconv.formats.constants import FLOAT, RESOLVE_DTYPES, transform_for
 from ascendconv.io.safetensors import TensorEntry
 from ascendconv.io.writer import TensorSpec
 from ascendconv.sources import Source, SourceLinear
@@ -44,7 +44,8 @@ from ascendconv.models import ModelRules, rules_for
 # Files of the source directory never carried into the package: weights in any format, and the
 # source's own index. vLLM loads every *.safetensors in the directory.
 WEIGHT_FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf", ".onnx")
-SKIPPED_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+# hf_quant_config.json describes a ModelOpt source's quantization: vLLM would take it for the package's.
+SKIPPED_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json", "hf_quant_config.json")
 
 
 class OutputKind(str, Enum):
@@ -52,9 +53,14 @@ class OutputKind(str, Enum):
 
     COPY = "copy"  # bytes as they are
     RESOLVE = "resolve"  # FP8 -> BF16 (a FLOAT module)
-    MX_WEIGHT = "mx_weight"  # the payload half of an MX linear
+    MX_WEIGHT = "mx_weight"  # the payload half of an MX linear, quantized (from FP8 tiles, floats or MX values)
+    MX_RELAID = "mx_relaid"  # the payload of an MX source linear re-laid out by a named exact transform
     MX_SCALE = "mx_scale"  # the E8M0 half, made with its weight
     BIAS_F32 = "bias_f32"  # an MX layer's bias, cast to float32
+
+
+RELAID, REQUANTIZED = "relaid", "requantized"
+MX_PAYLOADS = (OutputKind.MX_WEIGHT, OutputKind.MX_RELAID)  # each followed by its scale
 
 
 @dataclass(slots=True)
@@ -70,6 +76,14 @@ class OutputTensor:
     source: str
     nbytes: int
     shard: int = 0
+    transform: str | None = None  # MX_RELAID: the transform of formats/relayout.py
+
+    @property
+    def conversion(self) -> str | None:
+        """How an MX payload is made: 'relaid' (the source's bytes, losslessly) or 'requantized'."""
+        if self.kind is OutputKind.MX_RELAID:
+            return RELAID
+        return REQUANTIZED if self.kind is OutputKind.MX_WEIGHT else None
 
     @property
     def spec(self) -> TensorSpec:
@@ -160,6 +174,24 @@ class Plan:
             counts[tensor.quant_type] += 1
         return counts
 
+    def conversions(self) -> dict[str, str]:
+        """MX payload tensor -> 'relaid' or 'requantized'."""
+        return {t.name: t.conversion for t in self.tensors if t.conversion is not None}
+
+    def conversion_counts(self) -> dict[str, int]:
+        counts = {RELAID: 0, REQUANTIZED: 0}
+        for conversion in self.conversions().values():
+            counts[conversion] += 1
+        return counts
+
+    def conversion_groups(self) -> dict[str, dict[str, int]]:
+        """MX payloads by name pattern (layer and expert numbers as '*'): relaid / requantized counts."""
+        groups: dict[str, dict[str, int]] = {}
+        for name, conversion in sorted(self.conversions().items()):
+            counts = groups.setdefault(module_pattern(name), {RELAID: 0, REQUANTIZED: 0})
+            counts[conversion] += 1
+        return dict(sorted(groups.items()))
+
     def description(self) -> dict:
         return description_document({t.name: t.quant_type for t in self.tensors}, self.model_quant_type)
 
@@ -180,6 +212,8 @@ class Plan:
             "model_quant_type": self.model_quant_type,
             "modules": self.type_counts(),
             "tensors": self.tensor_counts(),
+            "conversion_counts": self.conversion_counts(),
+            "conversions": self.conversions(),
             "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out,
             "fallbacks": [d.to_dict() for d in self.fallbacks],
@@ -224,16 +258,21 @@ def output_tensors(
                 add(OutputTensor(name, entry.dtype, entry.shape, FLOAT, OutputKind.COPY, name, entry.nbytes))
             continue
         written = decisions[prefix].written
-        n, k = entry.shape
+        linear = linears[prefix]
+        n, k = linear.shape
+        weight = prefix + ".weight"  # the source may name it otherwise (compressed-tensors: weight_packed)
         if written == FLOAT and copied.get(prefix):
-            add(OutputTensor(name, entry.dtype, entry.shape, FLOAT, OutputKind.COPY, name, entry.nbytes))
+            add(OutputTensor(weight, entry.dtype, entry.shape, FLOAT, OutputKind.COPY, name, entry.nbytes))
             continue
         if written == FLOAT:
-            add(OutputTensor(name, "BF16", (n, k), FLOAT, OutputKind.RESOLVE, name, 2 * n * k))
+            add(OutputTensor(weight, "BF16", (n, k), FLOAT, OutputKind.RESOLVE, name, 2 * n * k))
             continue
         quant = QUANT_TYPES[written]
         shape = quant.weight_shape(n, k)
-        add(OutputTensor(name, quant.weight_dtype, shape, written, OutputKind.MX_WEIGHT, name, shape[0] * shape[1]))
+        native = QUANT_TYPES[linear.native].element if linear.native else None
+        transform = transform_for(native, quant.element) if native else None
+        kind = OutputKind.MX_WEIGHT if transform is None else OutputKind.MX_RELAID
+        add(OutputTensor(weight, quant.weight_dtype, shape, written, kind, name, shape[0] * shape[1], transform=transform))
         scale = quant.scale_shape(n, k)
         add(OutputTensor(prefix + ".weight_scale", "U8", scale, written, OutputKind.MX_SCALE, name, scale[0] * scale[1]))
     return out
@@ -250,7 +289,7 @@ def assign_shards(tensors: list[OutputTensor], max_shard_size: int) -> tuple[lis
     size = 0
     i, count = 0, len(tensors)
     while i < count:
-        step = 2 if tensors[i].kind is OutputKind.MX_WEIGHT else 1  # the weight and its scale
+        step = 2 if tensors[i].kind in MX_PAYLOADS else 1  # the weight and its scale
         unit_size = tensors[i].nbytes + (tensors[i + 1].nbytes if step == 2 else 0)
         if bins[-1] and size + unit_size > max_shard_size:
             bins.append([])

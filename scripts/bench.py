@@ -32,6 +32,11 @@
      besides reading and hashing, and the target on `verify OUT` is on what remains against `cat`).
    - `convert --resume` resumed after a run SIGKILLed once its ledger recorded half its shards,
      against a full `convert --resume` from nothing (the pair's baseline; target <= 0.6 x);
+   - `convert --scheme native` of an MX-native copy of the checkpoint (compressed-tensors
+   mxfp4-pack-quantized: every linear but kv_b_proj packed E2M1 with E8M0 scales, kv_b_proj BF16
+   and ignored), right after its own `cp -r`: a pure re-layout (every payload relaid, nothing
+   re-quantized), built the same way and cached beside the FP8 one. `--mx-only` times that row
+   alone (no FP8 checkpoint, no first-run measure).
    Peak resident memory is /usr/bin/time's "maximum resident set size". The seconds convert spends
    sampling every source shard's data into the plan identity are measured in process, warm and cold
    (the shards' pages dropped first), against `convert w8a8-mxfp8` (target <= 10 %). `--only LABEL`
@@ -49,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
@@ -85,6 +91,8 @@ TARGET_COMPILE_S = 4.0
 RESUME_LABEL = "convert --resume, half done"
 TARGET_RESUME_RATIO = 0.6  # to a full `convert --resume` of the same source (issue 21)
 TARGET_IDENTITY_RATIO = 0.10  # the source's sampled data digests, to `convert w8a8-mxfp8` (issue 21)
+MX_LABEL = "convert native (MX re-layout)"
+TARGET_MX_RATIO = 1.0  # a pure re-layout: at most `cp -r` + sync of the same source
 
 
 # --- the synthetic checkpoint: scripts/synthetic_checkpoint.py at its default shape ------------------
@@ -157,6 +165,103 @@ def derive_source(source: Path, kind: str) -> Path:
     return target
 
 
+def build_mx_checkpoint(root: Path, size_gb: float) -> None:
+    """The same model as compressed-tensors MXFP4 writes it (`P.weight_packed` U8 [N, K/2] and
+    `P.weight_scale` U8 [N, K/32]; kv_b_proj BF16, in `ignore`): about `size_gb` GB, so about twice
+    the layers of the FP8 checkpoint of that size. Payload bytes are uniform (E2M1 has no NaN
+    code), scale bytes around 2**-8."""
+    layers = SHAPE.layer_count(2 * size_gb * 1e9)
+    tensors = []
+    for name, dtype, shape in SHAPE.tensors(layers):
+        if name.endswith(".weight_scale_inv"):
+            continue
+        if dtype == "F8_E4M3" and ".kv_b_proj." in name:
+            tensors.append((name, "BF16", shape))
+        elif dtype == "F8_E4M3":
+            n, k = shape
+            prefix = name[: -len(".weight")]
+            tensors += [(prefix + ".weight_packed", "U8", (n, k // 2)), (prefix + ".weight_scale", "U8", (n, k // 32))]
+        else:
+            tensors.append((name, dtype, shape))
+    itemsize = {"U8": 1, "BF16": 2, "F32": 4}
+    partial = root.parent / (root.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    rng = np.random.default_rng(20261201)
+    shards: list[list] = [[]]
+    size = 0
+    for tensor in tensors:
+        nbytes = math.prod(tensor[2]) * itemsize[tensor[1]]
+        if shards[-1] and size + nbytes > SHAPE.shard_bytes and not tensor[0].endswith(".weight_scale"):
+            shards.append([])
+            size = 0
+        shards[-1].append(tensor)
+        size += nbytes
+    weight_map, total = {}, 0
+    for number, members in enumerate(shards, 1):
+        file = f"model-{number:05d}-of-{len(shards):05d}.safetensors"
+        writer = ShardWriter(partial / file, [TensorSpec(n, d, s) for n, d, s in members], {"format": "pt"})
+        for name, dtype, shape in members:
+            if dtype == "U8" and name.endswith(".weight_scale"):
+                data = rng.integers(116, 124, math.prod(shape), dtype=np.uint8)
+            elif dtype == "U8":
+                data = rng.integers(0, 256, math.prod(shape), dtype=np.uint8)
+            else:
+                data = tensor_bytes(rng, None, name, dtype, shape)
+            writer.write(name, data)
+            weight_map[name] = file
+            total += data.nbytes
+        writer.close()
+    config = SHAPE.config(layers)
+    config["quantization_config"] = {
+        "quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized",
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+            "num_bits": 4, "type": "float", "strategy": "group", "group_size": 32, "symmetric": True, "dynamic": False}}},
+        "ignore": ["lm_head", "re:.*kv_b_proj$"],
+    }
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    (partial / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    (partial / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    os.sync()
+    partial.rename(root)
+    print(f"  built {total / 1e9:.2f} GB ({layers} layers)", file=sys.stderr)
+
+
+def mx_relayout_command(cache: Path, size_gb: float, tool: list[str], out: Path) -> Command:
+    mx_source = cache / f"synthetic-mxfp4-v{BUILD_VERSION}-{size_gb:g}gb"
+    if not mx_source.is_dir():
+        print(f"building {mx_source} ...", file=sys.stderr)
+        build_mx_checkpoint(mx_source, size_gb)
+    warm(mx_source)
+    argv = tool + ["convert", "--quiet", "--scheme", "native", str(mx_source), str(out)]
+    return Command(MX_LABEL, argv, dir_bytes(mx_source), ["cp", "-r", str(mx_source), str(out)], out)
+
+
+def ratio_checks(label: str, row: dict, target: float) -> list[tuple[str, bool]]:
+    """A convert row's targets: at most `target` x its `cp -r` + sync, and peak RSS under 1 GiB."""
+    return [
+        (f"{label}: <= {target} x cp -r + sync ({row['ratio']:.2f} x)", row["ratio"] <= target),
+        (f"{label}: peak RSS < 1 GiB ({row['peak_rss_mib']:.0f} MiB)", row["peak_rss_mib"] * 2**20 < TARGET_RSS),
+    ]
+
+
+def mx_only(args) -> None:
+    """The MX re-layout row alone, --reps times, and its targets."""
+    work = args.cache / "out"
+    work.mkdir(parents=True, exist_ok=True)
+    command = mx_relayout_command(args.cache, args.size_gb, ascendconv_command(), work / "package")
+    for rep in range(args.reps):
+        command.run()
+    clear(work / "package")
+    row = command.row()
+    print(f"{row['command']}: {row['median_s']:.2f} s, cp -r {row['baseline_s']:.2f} s, ratio {row['ratio']:.2f}, "
+          f"{row['mb_per_s']:.0f} MB/s, {command.nbytes / 1e9:.2f} GB, peak RSS {row['peak_rss_mib']:.0f} MiB")
+    checks = ratio_checks(MX_LABEL, row, TARGET_MX_RATIO)
+    for text, ok in checks:
+        print(f"  {'PASS' if ok else 'FAIL'}  {text}")
+    if args.json:
+        args.json.write_text(json.dumps({"results": [row], "checks": dict(checks)}, indent=2) + "\n")
+    sys.exit(0 if all(ok for _, ok in checks) else 1)
 def dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
@@ -358,7 +463,10 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write the results to this file")
     parser.add_argument("--only", action="append", default=[],
                         help="time only the commands whose label contains this (and skip the first-run row)")
+    parser.add_argument("--mx-only", action="store_true", help=f"time only {MX_LABEL!r}")
     args = parser.parse_args()
+    if args.mx_only:
+        mx_only(args)
 
     source = args.cache / f"synthetic-v{BUILD_VERSION}-{args.size_gb:g}gb"
     if not source.is_dir():
@@ -416,6 +524,8 @@ def main() -> None:
     resume = tool + ["convert", "--quiet", "--resume", str(source), str(out)]
     commands.append(Command(RESUME_LABEL, resume, source_bytes, list(resume), out, prepare=lambda: clear_stagings(out),
                             prepare_command=lambda: half_done(resume, out, len(shards))))
+    if not any(skip in MX_LABEL for skip in args.skip):
+        commands.append(mx_relayout_command(args.cache, args.size_gb, tool, out))
     commands = [c for c in commands if not any(skip in c.label for skip in args.skip)]
     if args.only:
         commands = [c for c in commands if any(only in c.label for only in args.only)]
@@ -487,11 +597,10 @@ def main() -> None:
                            row["ratio"] <= TARGET_RATIO[scheme]))
             checks.append((f"convert {scheme}: peak RSS < 1 GiB ({row['peak_rss_mib']:.0f} MiB)",
                            row["peak_rss_mib"] * 2**20 < TARGET_RSS))
-    for label, (_, target) in FORMAT_ROWS.items():
-        row = by_label.get(label)
-        if row:
-            checks.append((f"{label}: <= {target} x cp -r + sync ({row['ratio']:.2f} x)", row["ratio"] <= target))
-            checks.append((f"{label}: peak RSS < 1 GiB ({row['peak_rss_mib']:.0f} MiB)", row["peak_rss_mib"] * 2**20 < TARGET_RSS))
+    targets = {label: target for label, (_, target) in FORMAT_ROWS.items()} | {MX_LABEL: TARGET_MX_RATIO}
+    for label, target in targets.items():
+        if label in by_label:
+            checks += ratio_checks(label, by_label[label], target)
     for label, limit in TARGET_START_S.items():
         if label in by_label:
             checks.append((f"{label}: <= {limit} s ({by_label[label]['median_s']:.2f} s)", by_label[label]["median_s"] <= limit))

@@ -34,7 +34,7 @@ from robust_helpers import (
     write_raw_header,
 )
 
-EXAMPLES = {  # per target: 720 in all, plus 150 of the shape property
+EXAMPLES = {  # per target: 760 in all, plus 150 of the shape property
     "source_header": 100,
     "source_header_bytes": 80,
     "source_index": 50,
@@ -48,6 +48,7 @@ EXAMPLES = {  # per target: 720 in all, plus 150 of the shape property
     "float_config": 25,
     "part_manifest": 40,  # what assemble reads from a part directory
     "resume_ledger": 30,  # what convert --resume reads from a kept staging
+    "mx_config": 40,  # the MX-native formats' configs (tests/mx_sources.py builds them)
 }
 SECONDS_PER_COMMAND = 20  # a generous bound; the commands take a fraction of a second here
 RAN: dict[str, int] = {}  # examples run per target, reported at the end
@@ -316,6 +317,31 @@ def test_fuzz_ds_v4_config(respelled, data):
 @given(data=st.data())
 def test_fuzz_float_config(respelled, data):
     fuzz_format_config(respelled, data, "float_config")
+
+
+@pytest.fixture(scope="module")
+def mx_sources(tmp_path_factory) -> dict[str, Path]:
+    """The MoE fixture as each MX-native format stores it (tests/mx_sources.py)."""
+    from mx_sources import MXFP4, MXFP8, as_mx, experts_mxfp4
+
+    root = tmp_path_factory.mktemp("mx")
+    return {
+        "ct": as_mx(MOE, root / "ct", "ct", lambda p: MXFP4 if ".experts." in p else MXFP8, weight_shape=True),
+        "quark": as_mx(MOE, root / "quark", "quark", experts_mxfp4),
+        "modelopt": as_mx(MOE, root / "modelopt", "modelopt", lambda p: MXFP8),
+    }
+
+
+@fuzz_settings("mx_config")
+@given(data=st.data())
+def test_fuzz_mx_source_config(mx_sources, data):
+    """The configs of the MX-native formats (compressed-tensors groups, Quark's per-layer specs,
+    ModelOpt's quant_algo), mutated: converted and verified, or refused by name."""
+    layout = data.draw(st.sampled_from(sorted(mx_sources)))
+    text, _ = data.draw(mutated(json.loads((mx_sources[layout] / "config.json").read_text())))
+    with Workspace(mx_sources[layout]) as ws:
+        (ws.root / "config.json").write_text(text)
+        check_source(ws, "mx_config")
 
 
 PACKAGE_FILES = (

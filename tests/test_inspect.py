@@ -133,6 +133,7 @@ def test_dense_fixture_summary_and_its_w4a8_fallback():
         "w4a16-mxfp4-moe": {"W8A8_MXFP8": 2},
         "w4a4-mxfp4": {"W4A4_MXFP4": 2},  # K=160: W4A4 linears take K % 32 (the loader pads)
         "w4a4-mxfp4-moe": {"W8A8_MXFP8": 2},
+        "native": {"W8A8_MXFP8": 2},  # no MX linear in an FP8 source: as w8a8-mxfp8
     }
     assert groups["lm_head"].schemes["w4a8-mxfp"] == {"FLOAT": 1}
 

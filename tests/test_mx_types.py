@@ -52,6 +52,7 @@ SCHEME_TYPES = {
     "w4a16-mxfp4-moe": ("W8A8_MXFP8", "W4A16_MXFP4"),
     "w4a4-mxfp4": ("W4A4_MXFP4", "W4A4_MXFP4"),
     "w4a4-mxfp4-moe": ("W8A8_MXFP8", "W4A4_MXFP4"),
+    "native": ("W8A8_MXFP8", "W8A8_MXFP8"),  # what a source without MX linears asks for
 }
 
 

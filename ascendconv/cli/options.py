@@ -37,7 +37,7 @@ SchemeChoice = Annotated[
     typer.Option(
         "--scheme",
         help="Types of linears / routed experts: "
-        + "; ".join(f"{row.name} {row.linear} / {row.expert}" for row in SCHEME_ROWS)
+        + "; ".join(f"{row.name} {'MX as is, else ' if row.native else ''}{row.linear} / {row.expert}" for row in SCHEME_ROWS)
         + " (the README's scheme table says when to choose which).",
     ),
 ]

@@ -36,6 +36,19 @@ E4M3 = ElementFormat(name="e4m3", max_value=448.0, emax=8, mantissa_bits=3, bits
 # OCP float4_e2m1fn: max 6 = 1.5 * 2**2 (contract section 4: emax 2, max 6).
 E2M1 = ElementFormat(name="e2m1", max_value=6.0, emax=2, mantissa_bits=1, bits=4)
 
+# Exact re-layouts of MX source payloads (formats/relayout.py holds the transforms themselves).
+AS_STORED = "as-stored"  # the bytes as they are
+E2M1_AS_E4M3 = "e2m1-as-e4m3"  # each E2M1 code as the E4M3 code of the same value, scale bytes kept
+
+
+def transform_for(source: ElementFormat, target: ElementFormat) -> str | None:
+    """The exact transform from a payload of element format `source` to one of `target`, or None
+    (values that do not fit the target exactly: MXFP8 -> MXFP4 must be re-quantized)."""
+    if source == target:
+        return AS_STORED
+    if source == E2M1 and target == E4M3:
+        return E2M1_AS_E4M3
+    return None
 
 
 class ScaleRule(str, Enum):

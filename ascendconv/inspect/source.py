@@ -20,21 +20,27 @@ from ascendconv.inspect.summary import (
     _tally,
     natural_key,
 )
-from ascendconv.sources import open_source
+from ascendconv.sources import Encoding, open_source
 from ascendconv.sources.checkpoint import INDEX_NAME as SOURCE_INDEX_NAME
 from ascendconv.models import rules_for
 from ascendconv.decide import SCHEMES, Deployment, module_pattern
 from ascendconv.plan import Plan, Planner
+
+MX_SOURCE_LABELS = {Encoding.MX_E2M1: "MXFP4", Encoding.MX_E4M3: "MXFP8"}
 
 
 def inspect_source(root: Path, glob: str | None, deployment: Deployment) -> InspectReport:
     source = open_source(root)  # named errors for every header-level problem
     try:
         scale_names = source.scale_names
-        fp8_names = {linear.weight.name for linear in source.linears.values()} | scale_names
+        # each linear's weight and scale by what they hold: block FP8, or (an MX source) MXFP4 / MXFP8
+        labels = {
+            t.name: MX_SOURCE_LABELS.get(linear.encoding, FP8_BLOCK)
+            for linear in source.linears.values() for t in (linear.weight, linear.scale) if t is not None
+        }
 
         def quant_type_of(name: str) -> str:
-            return FP8_BLOCK if name in fp8_names else FLOAT
+            return labels.get(name, FLOAT)
 
         estimates: dict[str, SchemeEstimate] = {}
         written: dict[str, dict[str, str]] = {}
@@ -56,7 +62,9 @@ def inspect_source(root: Path, glob: str | None, deployment: Deployment) -> Insp
                 kept_float=plan.kept_float(),
                 runtime=runtime_notes(plan),
             )
-        modules = _module_weights({n: e for n, e in source.tensors.items() if n not in scale_names})
+        # by the package's weight names (an MX source may store `weight_packed`)
+        package_names = {linear.weight.name: linear.prefix + ".weight" for linear in source.linears.values()}
+        modules = _module_weights({package_names.get(n, n): e for n, e in source.tensors.items() if n not in scale_names})
         by_dtype, by_type = _tally(source.tensors, quant_type_of)
         rules = rules_for(source.config)
         structure = _structure(source.tensors, rules)
@@ -82,7 +90,11 @@ def inspect_source(root: Path, glob: str | None, deployment: Deployment) -> Insp
             deployment=deployment.to_dict(),
             warnings=[rules.warning] if rules.warning else [],
             fp8_linears=len(source.linears),
-            groups=_groups(modules, lambda m: FP8_BLOCK if m in source.linears else FLOAT, written),
+            groups=_groups(
+                modules,
+                lambda m: MX_SOURCE_LABELS.get(source.linears[m].encoding, FP8_BLOCK) if m in source.linears else FLOAT,
+                written,
+            ),
             schemes=estimates,
             tensor_filter=glob,
             tensors=_rows(source.tensors, glob, quant_type_of),

@@ -14,10 +14,13 @@ from ascendconv.sources.checkpoint import Checkpoint, find_quantization_config, 
 from ascendconv.sources.ct_fp8 import CompressedTensorsFp8
 from ascendconv.sources.ds_v4 import DeepSeekV4
 from ascendconv.sources.hf_fp8_block import HfFp8Block
+from ascendconv.sources.mx_native import CompressedTensorsMx, ModelOptMxfp8, QuarkOcpMx, modelopt_quantization_config
 from ascendconv.sources.plain import PlainFloat
 
 # Tried in this order: a format that shares its quant_method with a more general one comes first.
-FORMATS: tuple[SourceFormat, ...] = (DeepSeekV4(), HfFp8Block(), CompressedTensorsFp8(), PlainFloat())
+FORMATS: tuple[SourceFormat, ...] = (
+    DeepSeekV4(), HfFp8Block(), CompressedTensorsMx(), CompressedTensorsFp8(), QuarkOcpMx(), ModelOptMxfp8(), PlainFloat()
+)
 FORMAT_NAMES = tuple(f.name for f in FORMATS)
 
 __all__ = ["FORMATS", "FORMAT_NAMES", "Checkpoint", "Encoding", "Source", "SourceFormat", "SourceLinear", "open_source"]
@@ -41,9 +44,20 @@ def open_source(path: str | os.PathLike) -> Source:
     """The source checkpoint at `path`, in whichever format it is: config first (a refusal names
     the format problem before any shard is read), then every header, then the format's pairing."""
     root = Path(path)
+    # before config.json, which a GGUF download may not have; a .gguf file given as SRC too
+    if root.suffix.lower() == ".gguf" or (root.is_dir() and any(root.glob("*.gguf")) and not any(root.glob("*.safetensors"))):
+        raise UnsupportedSourceError(
+            f"{root}: GGUF is not a supported source (a .gguf file, or *.gguf files and no *.safetensors)",
+            "convert the safetensors release of the model (GGUF's MXFP4 blocks pair elements j and j+16 in a "
+            "byte, split-half nibbles no AscendV1 type stores)",
+        )
     if not root.is_dir():
         raise NotFoundError(f"{root}: no such directory", "pass the checkpoint directory")
     config, config_path = load_config(root)
+    if find_quantization_config(config)[0] is None:  # ModelOpt may describe itself beside config.json only
+        modelopt = modelopt_quantization_config(root)
+        if modelopt is not None:
+            config = {**config, "quantization_config": modelopt}
     source_format = format_for(config, config_path)
     quant = source_format.parse(config, config_path)
     return source_format.open(Checkpoint.with_config(root, config, config_path), quant)

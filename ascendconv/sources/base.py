@@ -14,6 +14,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, ClassVar
 
 from ascendconv.errors import NonFiniteScaleError, ScaleDtypeError, shown
+from ascendconv.formats.constants import W4A8_MXFP, W8A8_MXFP8
 from ascendconv.io.safetensors import TensorEntry
 from ascendconv.sources.checkpoint import Checkpoint
 
@@ -26,6 +27,14 @@ class Encoding(str, Enum):
 
     FP8_TILES = "fp8_tiles"  # E4M3 codes [N, K] times one float multiplier per (bn x bk) tile
     FLOAT = "float"  # BF16 / F16 / F32 values [N, K], quantized as they are; written FLOAT, copied
+    # MX already (sources/mx_native.py): a payload with one E8M0 byte per 32 values along K, the
+    # scale [N, K/32]; re-laid out where the written type is theirs, else decoded
+    MX_E2M1 = "mx_e2m1"  # packed E2M1, U8 [N, K/2], element 2j in the low nibble
+    MX_E4M3 = "mx_e4m3"  # E4M3 codes, F8_E4M3 [N, K]
+
+
+# The package type each MX encoding already is, byte for byte.
+NATIVE_TYPES = {Encoding.MX_E2M1: W4A8_MXFP, Encoding.MX_E4M3: W8A8_MXFP8}
 
 
 WEIGHT_SUFFIX = ".weight"
@@ -52,7 +61,14 @@ class SourceLinear:
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.weight.shape  # type: ignore[return-value]
+        """[N, K] of the values (a packed E2M1 weight stores K/2 bytes per row)."""
+        n, k = self.weight.shape
+        return (n, 2 * k) if self.encoding is Encoding.MX_E2M1 else (n, k)
+
+    @property
+    def native(self) -> str | None:
+        """The package type the stored bytes already are (re-laid out, not re-quantized), or None."""
+        return NATIVE_TYPES.get(self.encoding)
 
 
 @dataclass
@@ -166,7 +182,8 @@ class SourceFormat:
     quant_method: ClassVar[str | None]  # the quant_method value it answers to (None: no quantization_config)
 
     def accepts(self, quant: dict | None, config: dict) -> bool:
-        raise NotImplementedError
+        """By default: the quantization_config's quant_method is the format's."""
+        return quant is not None and quant.get("quant_method") == self.quant_method
 
     def parse(self, config: dict, config_path) -> object:
         raise NotImplementedError

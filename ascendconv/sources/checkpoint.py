@@ -15,7 +15,6 @@ from ascendconv.errors import (
     MissingShardError,
     NotFoundError,
     UnrecognizedCheckpointError,
-    UnsupportedSourceError,
     shown,
 )
 from ascendconv.io.files import is_regular, is_within, read_json
@@ -129,12 +128,6 @@ class Checkpoint:
     def with_config(cls, root: Path, config: dict, config_path: Path) -> "Checkpoint":
         """The shards of `root`, whose config has been read (and accepted by a format) already."""
         shard_paths, weight_map = discover_shards(root)
-        if not shard_paths and any(root.glob("*.gguf")):
-            raise UnsupportedSourceError(
-                f"{root}: holds *.gguf files and no *.safetensors: GGUF is not a supported source",
-                "convert the safetensors release of the model (GGUF's MXFP4 blocks pair elements j and j+16 "
-                "in a byte, which no AscendV1 type stores)",
-            )
         if not shard_paths:
             raise UnrecognizedCheckpointError(f"{root}: no *.safetensors files")
         headers = [read_header(p) for p in shard_paths]

@@ -10,12 +10,23 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ascendconv.errors import NaNCodeError, NonFiniteValueError
+from ascendconv.errors import NaNCodeError, NonFiniteScaleError, NonFiniteValueError
 from ascendconv.formats.constants import GROUP_SIZE
-from ascendconv.sources.base import Encoding, Source, SourceLinear
+from ascendconv.sources.base import NATIVE_TYPES, Encoding, Source, SourceLinear
 
 if TYPE_CHECKING:
     import numpy as np
+
+
+def check_nan_codes(impl, linear: SourceLinear, codes: "np.ndarray", row_start: int) -> None:
+    """Refuse E4M3 codes rows [row_start, ...) of `linear` that hold a NaN code (0x7F / 0xFF), naming the first."""
+    nan_at = impl.first_nan_code(codes)
+    if nan_at is not None:
+        weight = linear.weight
+        raise NaNCodeError(
+            f"{weight.path.name}: {weight.name!r} holds a NaN code "
+            f"(0x{codes[nan_at]:02X}) at row {row_start + nan_at[0]}, column {nan_at[1]}"
+        )
 
 
 class Fp8TileRows:
@@ -36,13 +47,7 @@ class Fp8TileRows:
         return self.source.read_scale(self.linear, (t0, -(-(row_start + rows) // bn))), row_start - t0 * bn
 
     def _check_nan(self, codes: "np.ndarray", row_start: int) -> None:
-        nan_at = self.impl.first_nan_code(codes)
-        if nan_at is not None:
-            weight = self.linear.weight
-            raise NaNCodeError(
-                f"{weight.path.name}: {weight.name!r} holds a NaN code "
-                f"(0x{codes[nan_at]:02X}) at row {row_start + nan_at[0]}, column {nan_at[1]}"
-            )
+        check_nan_codes(self.impl, self.linear, codes, row_start)
 
     def quantize(self, data, row_start: int, rows: int, fmt, rule: str, resolve_dtype: str, **out):
         """(payload, E8M0 scale bytes) of rows [row_start, row_start + rows), from their bytes."""
@@ -100,13 +105,90 @@ class FloatRows:
             ) from exc
 
 
-ROWS = {Encoding.FP8_TILES: Fp8TileRows, Encoding.FLOAT: FloatRows}
+class MxRows:
+    """Rows of an MX source linear (payload + E8M0 bytes per 32 along K): re-laid out through a
+    named exact transform (formats/relayout.py) where the written type allows, else decoded to
+    float32 (code x 2**(b - 127)) and quantized, or rounded to BF16 for a module written FLOAT.
+    Each chunk reads the scale rows it needs, checked for the NaN byte 0xFF."""
+
+    def __init__(self, impl, source: Source, linear: SourceLinear):
+        from ascendconv.formats.constants import E2M1, E4M3
+
+        self.impl, self.source, self.linear = impl, source, linear
+        self.fmt = E2M1 if linear.encoding is Encoding.MX_E2M1 else E4M3
+        self.row_bytes = linear.weight.shape[1]
+
+    def _payload(self, data, row_start: int, rows: int) -> "np.ndarray":
+        import numpy as np
+
+        payload = np.frombuffer(data, np.uint8).reshape(rows, self.row_bytes)
+        if self.linear.encoding is Encoding.MX_E4M3:  # E2M1 has no NaN code
+            check_nan_codes(self.impl, self.linear, payload, row_start)
+        return payload
+
+    def values(self, data, rows: int, row_start: int = 0) -> "np.ndarray":
+        """float32 values of rows [row_start, row_start + rows), checked finite."""
+        import numpy as np
+
+        from ascendconv.formats.relayout import decode
+
+        scales = mx_scale_bytes(self.source, self.linear, row_start, row_start + rows)
+        values = decode(self._payload(data, row_start, rows), scales, self.fmt)
+        if not np.isfinite(values).all():
+            r, c = (int(i) for i in np.argwhere(~np.isfinite(values))[0])
+            weight = self.linear.weight
+            raise NonFiniteValueError(
+                f"{weight.path.name}: {weight.name!r} row {row_start + r}, column {c} decodes to {values[r, c]} "
+                f"(E8M0 byte {scales[r, c // GROUP_SIZE]} of {self.linear.scale.name!r})"
+            )
+        return values
+
+    def relaid(self, data, row_start: int, rows: int, transform: str):
+        """(payload, scale bytes) of rows [row_start, row_start + rows): the source bytes through
+        `transform`, the scale bytes as they are."""
+        from ascendconv.formats.relayout import TRANSFORMS
+
+        payload = TRANSFORMS[transform](self._payload(data, row_start, rows))
+        return payload, mx_scale_bytes(self.source, self.linear, row_start, row_start + rows)
+
+    def quantize(self, data, row_start: int, rows: int, fmt, rule: str, resolve_dtype: str, **out):
+        """Re-quantized from the decoded values (a target the source's element format does not fit)."""
+        return self.impl.quantize_rows(self.values(data, rows, row_start), fmt, rule, **out)
+
+    def to_bf16(self, data, row_start: int, rows: int, out=None):
+        """The decoded values rounded to BF16 (as uint16 bits), for a module written FLOAT."""
+        import ml_dtypes
+        import numpy as np
+
+        bf16 = self.values(data, rows, row_start).astype(ml_dtypes.bfloat16).view(np.uint16)
+        if out is None:
+            return bf16
+        out[...] = bf16
+        return out
+
+
+def mx_scale_bytes(source: Source, linear: SourceLinear, row_start: int, row_stop: int) -> "np.ndarray":
+    """Rows [row_start, row_stop) of an MX linear's E8M0 bytes as uint8, refused if one is the NaN
+    byte 0xFF (the package never holds it)."""
+    import numpy as np
+
+    from ascendconv.formats.constants import E8M0_NAN
+
+    entry = linear.scale
+    raw = np.asarray(source.reader.read_rows(entry, row_start, row_stop)).view(np.uint8)
+    if (raw == E8M0_NAN).any():
+        bad = np.argwhere(raw == E8M0_NAN)[0] + (row_start, 0)
+        raise NonFiniteScaleError(f"{entry.path.name}: {entry.name!r} holds the E8M0 NaN byte 0xFF at {bad.tolist()}")
+    return raw
+
+
+ROWS = {Encoding.FP8_TILES: Fp8TileRows, Encoding.FLOAT: FloatRows, Encoding.MX_E2M1: MxRows, Encoding.MX_E4M3: MxRows}
 
 
 def decoded(source: Source, linear: SourceLinear) -> "np.ndarray":
     """A whole source linear as float32 values, the reference every package weight is measured
     against: FP8 tiles resolved as vllm-ascend does on load (code x tile multiplier, to BF16), float
-    values widened exactly."""
+    values widened exactly, MX codes times their E8M0 scale."""
     import numpy as np
 
     from ascendconv.formats.resolve import resolve_tiles
@@ -114,6 +196,10 @@ def decoded(source: Source, linear: SourceLinear) -> "np.ndarray":
     data = source.reader.read(linear.weight)
     if linear.encoding is Encoding.FLOAT:
         return data.astype(np.float32)
+    if linear.encoding in NATIVE_TYPES:
+        from ascendconv.formats import requantize
+
+        return MxRows(requantize, source, linear).values(data.view(np.uint8), linear.shape[0])
     return resolve_tiles(data, source.read_scale(linear), linear.block, "bf16")
 
 
@@ -125,14 +211,17 @@ def linear_rows(impl, source: Source, linear: SourceLinear):
 def entry_points(linears, mx: bool, resolve: bool) -> list[str]:
     """The numba entry points a run over `linears` needs: requantize for MX weights from FP8 tiles
     (and its direct path where a tile splits MX groups), quantize_float for MX weights from float
-    values, resolve_bf16 and first_nan for FP8 weights kept in BF16."""
+    or decoded MX values, resolve_bf16 and first_nan for FP8 weights kept in BF16, first_nan for
+    MXFP8 sources."""
     from ascendconv.kernels import entry_points_for
 
     linears = list(linears)
     tiled = [linear for linear in linears if linear.encoding is Encoding.FP8_TILES]
     names = entry_points_for(mx and bool(tiled), resolve and bool(tiled), tiles_split_groups(tiled))
-    if mx and any(linear.encoding is Encoding.FLOAT for linear in linears):
+    if mx and any(linear.encoding is Encoding.FLOAT or linear.encoding in NATIVE_TYPES for linear in linears):
         names.append("quantize_float")
+    if any(linear.encoding is Encoding.MX_E4M3 for linear in linears) and "first_nan" not in names:
+        names.append("first_nan")  # MXFP8 payloads are checked for NaN codes as they are read
     return names
 
 

@@ -14,14 +14,14 @@ from typing import Iterator
 import numpy as np
 
 from ascendconv.ascendv1 import PROVENANCE_NAME
-from ascendconv.errors import HeaderError, NonFiniteScaleError
+from ascendconv.errors import HeaderError, NaNCodeError, NonFiniteScaleError, NonFiniteValueError
 from ascendconv.formats import requantize, resolve
 from ascendconv.ascendv1 import MX_TYPES, QUANT_TYPES
-from ascendconv.formats.constants import FLOAT, GROUP_SIZE, RESOLVE_DTYPES, SCALE_RULES
+from ascendconv.formats.constants import FLOAT, GROUP_SIZE, RESOLVE_DTYPES, SCALE_RULES, transform_for
 from ascendconv.formats.metrics import ErrorAccumulator, ErrorStats
 from ascendconv.io.safetensors import TensorEntry, TensorReader
-from ascendconv.sources.base import Encoding
-from ascendconv.sources.rows import FloatRows, entry_points
+from ascendconv.sources.base import NATIVE_TYPES, Encoding
+from ascendconv.sources.rows import FloatRows, MxRows, entry_points
 from ascendconv.verify.checks import STRUCTURAL_HINT, make_check, skip_check
 from ascendconv.verify.layout import CHUNK_BYTES, FLOAT_DTYPES, _Layout, _Module, _row_chunks
 from ascendconv.verify.rows import _dequantize, _mapped_rows, _read_package_rows
@@ -90,6 +90,7 @@ class _SourceFindings:
     rows_of: int = 0  # rows of the weights compared
     tensors: list[TensorReport] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    relaid: int = 0  # MX source tensors proven: package bytes == source bytes after their transform
 
     def add(self, compared: "_Compared") -> None:
         self.source += compared.source
@@ -166,9 +167,9 @@ def _compare_source(
     for name in source.tensors:
         if name in scale_names:
             continue
-        implied.add(name)
         linear = by_weight.get(name)
-        if linear is not None and lay.label(name) in MX_TYPES:
+        implied.add(name if linear is None else linear.prefix + ".weight")  # MX sources may name it otherwise
+        if linear is not None and lay.label(linear.prefix + ".weight") in MX_TYPES:
             implied.add(linear.prefix + ".weight_scale")
     for name in sorted(implied - set(lay.tensors)):
         if lay.complete:
@@ -176,7 +177,11 @@ def _compare_source(
     for name in sorted(set(lay.tensors) - implied):
         found.source.append(f"package tensor {name!r} does not come from the source")
 
-    work = [e for n, e in source.tensors.items() if n not in scale_names and n in lay.tensors]
+    def package_name(name: str) -> str:
+        linear = by_weight.get(name)
+        return name if linear is None else linear.prefix + ".weight"
+
+    work = [e for n, e in source.tensors.items() if n not in scale_names and package_name(n) in lay.tensors]
     total = sum(e.nbytes for e in work)
     derive = _Rederive(lay, source, options, rule, resolve_dtype, notice)
 
@@ -198,7 +203,7 @@ def _compare_source(
             done += entry.nbytes
             if progress:
                 progress("source", done, total)
-    found.rows, found.rows_of = derive.rows, derive.rows_of
+    found.rows, found.rows_of, found.relaid = derive.rows, derive.rows_of, derive.relaid
     return found
 
 
@@ -291,6 +296,7 @@ class _Rederive:
         self.fraction = 1.0 if options.exact == "full" else options.sample
         self.rows = 0  # rows re-derived with the kernels
         self.rows_of = 0  # rows of the weights compared
+        self.relaid = 0  # MX source weights re-laid out, compared with their source bytes
         self._lock = threading.Lock()
         self._local = threading.local()
         from ascendconv import kernels
@@ -307,6 +313,8 @@ class _Rederive:
     def linear(self, reader: TensorReader, linear, module: _Module) -> _Compared:
         if linear.encoding is Encoding.FLOAT:
             return self.float_linear(reader, linear, module)
+        if linear.encoding in NATIVE_TYPES:
+            return self.mx_linear(reader, linear, module)
         out = _Compared()
         n, k = linear.shape
         name = linear.weight.name
@@ -389,6 +397,53 @@ class _Rederive:
                 got = np.concatenate([stored[r - r0 : r - r0 + 1], scales[r - r0 : r - r0 + 1]], axis=1)
                 w.reference_diff.update(got, np.concatenate([payload, scale_bytes], axis=1), np.array([r]))
             acc.update(values, _dequantize(module, codes, scales), codes, w.fmt)
+        return self._finish(out, w, acc, n)
+
+    def mx_linear(self, reader: TensorReader, linear, module: _Module) -> _Compared:
+        """A linear of an MX source, every row: re-laid out (the written type is the source's, or
+        MXFP4 written W8A8_MXFP8), the package bytes compared with the source bytes through the
+        named transform; re-quantized, re-derived from the decoded values with the kernel; written
+        FLOAT, the BF16 of the decoded values. Each measured against the decoded values."""
+        import ml_dtypes
+
+        out = _Compared()
+        n, k = linear.shape
+        rows_of = MxRows(self.kernels, self.source, linear)
+        fmt = QUANT_TYPES[module.label].element
+        transform = transform_for(rows_of.fmt, fmt) if fmt is not None else None
+        w = _Weight(linear.weight.name, module, None, None, fmt)
+        if transform is not None:
+            w.payload_diff.what = f"payload (the source bytes through {transform!r})"
+            w.scale_diff.what = "scale (the source's E8M0 bytes)"
+        acc = ErrorAccumulator()
+        rows_per_chunk = max(1, (CHUNK_BYTES // 4) // max(k, 1))
+        try:
+            for r0 in range(0, n, rows_per_chunk):
+                r1 = min(n, r0 + rows_per_chunk)
+                data = _mapped_rows(self.source.reader, linear.weight, r0, r1).view(np.uint8)
+                stored, codes, scales = _read_package_rows(reader, module, r0, r1)
+                rows = np.arange(r0, r1)
+                values = rows_of.values(data, r1 - r0, r0)
+                if transform is not None:
+                    payload, scale_bytes = rows_of.relaid(data, r0, r1 - r0, transform)
+                    w.payload_diff.update(stored, payload, rows)
+                    w.scale_diff.update(scales, scale_bytes, rows)
+                elif fmt is None:
+                    want = values.astype(ml_dtypes.bfloat16).view(np.uint8)
+                    w.payload_diff.update(stored.view(np.uint8), want, rows)
+                elif self.rule is not None:
+                    payload, scale_bytes = self.kernels.quantize_rows(values, fmt, self.rule)
+                    w.payload_diff.update(stored, payload, rows)
+                    w.scale_diff.update(scales, scale_bytes, rows)
+                    with self._lock:
+                        self.rows += r1 - r0
+                acc.update(values, _dequantize(module, codes, scales), codes if fmt is not None else None, fmt)
+        except (NaNCodeError, NonFiniteValueError, NonFiniteScaleError) as exc:
+            out.source.append(exc.message)
+            return out
+        if transform is not None:
+            with self._lock:
+                self.relaid += 1
         return self._finish(out, w, acc, n)
 
     def _finish(self, out: _Compared, w: "_Weight", acc: ErrorAccumulator, n: int) -> _Compared:
@@ -507,7 +562,8 @@ def check_exact(found: _SourceFindings, lay: _Layout, options: VerifyOptions) ->
     prov = lay.pkg.record
     if prov.scale_rule not in SCALE_RULES:
         return make_check("exact", [f"no scale rule recorded in {PROVENANCE_NAME}: the bytes cannot be re-derived"], "")
-    if not found.rows and not found.exact:  # nothing compared is no pass (the wrong source gives 0 rows)
+    # nothing compared is no pass (the wrong source gives 0 rows)
+    if not found.rows and not found.relaid and not found.exact:
         return skip_check("exact", "compared nothing: no weight of the package could be re-derived from this source")
     if options.exact == "full" or options.sample >= 1.0:
         what = f"every row ({found.rows} rows)"
@@ -522,6 +578,8 @@ def check_exact(found: _SourceFindings, lay: _Layout, options: VerifyOptions) ->
     )
     if options.exact == "sample":
         detail += f"; {found.exact_rows} sampled rows ({options.exact_rows} per weight) equal the numpy reference"
+    if found.relaid:
+        detail += f"; {found.relaid} re-laid MX weights equal their source bytes through the named transform, every row"
     return make_check("exact", found.exact, detail)
 
 

@@ -216,7 +216,8 @@ def _run_moe(lay: _Layout, source, options: VerifyOptions, progress: Progress | 
     if not layers:
         return skip_check("moe", "no MoE layers in the package: nothing to check"), []
     chosen = sample_layers(list(layers), options.moe_layers)
-    by_weight = {linear.weight.name: linear for linear in source.linears.values()}
+    # by the package's weight name (an MX source may store it otherwise: compressed-tensors' weight_packed)
+    by_weight = {linear.prefix + ".weight": linear for linear in source.linears.values()}
     problems, reports = [], []
     with TensorReader() as reader:
         for i, layer in enumerate(chosen):

@@ -27,6 +27,11 @@ def render_convert(result, out: Console, err: Console, source: str = "SRC") -> N
     rows = [[pattern, str(sum(types.values())), types_cell(types)] for pattern, types in plan.module_groups().items()]
     section(out, "source linears, by module (layer and expert numbers as *)")
     print_table(out, ["module", "n", "written as"], rows, right=(1,))
+    conversions = plan.conversion_counts()
+    if conversions["relaid"]:
+        section(out, "MX payloads, by tensor: relaid (the source's bytes, lossless) or requantized")
+        rows = [[pattern, str(c["relaid"]), str(c["requantized"])] for pattern, c in plan.conversion_groups().items()]
+        print_table(out, ["tensor", "relaid", "requantized"], rows, right=(1, 2))
     if result.dry_run:
         section(out, f"shards (limit {human_bytes(plan.max_shard_size) if plan.max_shard_size else 'none'})")
         rows = [[s.file, str(len(s.tensors)), human_bytes(s.nbytes)] for s in plan.shards]
@@ -44,7 +49,9 @@ def render_convert(result, out: Console, err: Console, source: str = "SRC") -> N
     saving = f" ({(bytes_out - plan.bytes_in) / plan.bytes_in:+.0%})" if plan.bytes_in else ""
     out.print(
         f"{plan.scheme}, rule {plan.scale_rule}, resolve {plan.resolve_dtype}, kernel {result.kernel}: "
-        f"{len(plan.tensors)} tensors ({counts}); {human_bytes(plan.bytes_in)} in, {human_bytes(bytes_out)} out{saving} "
+        f"{len(plan.tensors)} tensors ({counts}"
+        + (f"; MX payloads {conversions['relaid']} relaid, {conversions['requantized']} requantized" if conversions["relaid"] else "")
+        + f"); {human_bytes(plan.bytes_in)} in, {human_bytes(bytes_out)} out{saving} "
         f"in {plural(len(plan.shards), 'shard')}; {result.seconds:.2f} s",
         highlight=False,
     )

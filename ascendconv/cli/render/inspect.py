@@ -51,6 +51,8 @@ def _render_inspect_summary(report, console: Console) -> None:
         tiles = quant["weight_block_size"]
         scales = "/".join(quant["scale_dtypes"]) or "no"
         tiling = f"block {tiles[0]}x{tiles[1]}" if tiles else "tiles " + "/".join(quant.get("strategies", []))
+        if quant.get("encodings"):  # an MX-native source: groups of 32 along K, E8M0 scales
+            tiling = "MX groups of 32 (" + "/".join(quant["encodings"]) + ")"
         text = f"{quant['label']}: {quant['quant_method']} {quant['fmt']}, {tiling}, {scales} scales"
         if quant["scale_fmt"]:
             text += f" ({quant['scale_fmt']})"

@@ -1,0 +1,320 @@
+"""MX-native sources (compressed-tensors MXFP4/MXFP8, AMD Quark OCP-MX, NVIDIA ModelOpt MXFP8),
+made by the tests from the bundled block-FP8 fixtures: re-laid out byte for byte where the written
+type is theirs, re-quantized from the decoded values where it is not, every tensor read back, and
+each malformed variant refused with a named error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+from typer.testing import CliRunner
+
+from ascendconv.cli import app
+from ascendconv.convert import ConvertOptions, convert
+from ascendconv.errors import (
+    ConfigError,
+    InexactSourceError,
+    MissingScaleError,
+    NaNCodeError,
+    NonFiniteScaleError,
+    ScaleDtypeError,
+    ScaleShapeError,
+    UnsupportedSourceError,
+    UnsupportedTensorError,
+)
+from ascendconv.formats import elements, mx, relayout, requantize
+from ascendconv.formats.constants import E2M1, E4M3
+from ascendconv.sources import open_source
+from ascendconv.verify import VerifyOptions, verify
+from conftest import FIXTURES, as_array, load_shard
+from mx_sources import MXFP4, MXFP8, as_mx, experts_mxfp4, source_tensors
+from test_source_formats import respell
+
+runner = CliRunner()
+DENSE, MOE = "qwen3-dense-fp8", "qwen3-moe-fp8"
+LAYOUTS = {  # name -> (layout, what each FP8 linear becomes, format name)
+    "ct-mxfp4": ("ct", lambda p: MXFP4, "ct-mx"),
+    "ct-mxfp8": ("ct", lambda p: MXFP8, "ct-mx"),
+    "ct-mixed": ("ct", lambda p: MXFP4 if ".experts." in p else MXFP8, "ct-mx"),
+    "quark": ("quark", experts_mxfp4, "quark-ocp-mx"),
+    "modelopt": ("modelopt", lambda p: MXFP8, "modelopt-mxfp8"),
+}
+
+
+def make(tmp_path: Path, name: str, fixture: str = MOE, **kw) -> Path:
+    layout, kind_of, _ = LAYOUTS[name]
+    return as_mx(FIXTURES / fixture, tmp_path / f"src-{name}-{fixture}", layout, kind_of, **kw)
+
+
+def package_tensors(root: Path) -> dict:
+    """Every tensor of a package, read back through our reader."""
+    return {n: e for p in sorted(root.glob("quant_model_weights*.safetensors")) for n, e in load_shard(p).items()}
+
+
+def mx_weights(src: Path) -> dict[str, tuple]:
+    """prefix -> (payload entry, scale entry, element format) of every MX linear of a source."""
+    tensors = source_tensors(src)
+    out = {}
+    for name, entry in tensors.items():
+        for suffix in (".weight_packed", ".weight"):
+            prefix = name[: -len(suffix)]
+            scale = tensors.get(prefix + ".weight_scale")
+            if name.endswith(suffix) and scale is not None and scale[0] == "U8":
+                out[prefix] = (entry, scale, E2M1 if entry[0] == "U8" else E4M3)
+    return out
+
+
+def decoded(payload, scale, fmt) -> np.ndarray:
+    return relayout.decode(as_array(payload).view(np.uint8), as_array(scale), fmt)
+
+
+@pytest.mark.parametrize("name,fixture", [(n, f) for n in LAYOUTS for f in (MOE, DENSE) if (n, f) != ("quark", DENSE)])
+def test_native_relays_every_mx_tensor_byte_for_byte(tmp_path, name, fixture):
+    """--scheme native: each MX payload and scale is the source's (through `as-stored`, or through
+    `e2m1-as-e4m3` where an MXFP4 layer falls back to W8A8_MXFP8); every other tensor is the
+    source's copy or the reference re-quantization of a block-FP8 layer; verify proves it."""
+    src = make(tmp_path, name, fixture, weight_shape=True)
+    source = open_source(src)
+    assert source.format == LAYOUTS[name][2]
+    out = tmp_path / "out"
+    result = convert(src, out, ConvertOptions(scheme="native", max_shard_size=50_000))
+    package = package_tensors(out)
+    description = json.loads((out / "quant_model_description.json").read_text())
+    conversions = result.plan.conversions()
+    mx_linears = mx_weights(src)
+    assert mx_linears and conversions
+    widened = 0
+    for prefix, (payload, scale, fmt) in mx_linears.items():
+        written = package[prefix + ".weight"]
+        assert package[prefix + ".weight_scale"] == ("U8", scale[1], scale[2]), prefix
+        assert conversions[prefix + ".weight"] == "relaid"
+        if description[prefix + ".weight"] == ("W4A8_MXFP" if fmt is E2M1 else "W8A8_MXFP8"):
+            assert written == (written[0], payload[1], payload[2]) and written[0] == ("U8" if fmt is E2M1 else "F8_E4M3")
+        else:  # MXFP4 under a K rule only W8A8_MXFP8 meets: the same values, as E4M3 codes
+            assert fmt is E2M1 and description[prefix + ".weight"] == "W8A8_MXFP8"
+            want = relayout.e2m1_as_e4m3(as_array(payload))
+            assert written == ("F8_E4M3", want.shape, want.tobytes())
+            assert (mx.dequantize_mx(as_array(written), as_array(scale), E4M3) == decoded(payload, scale, fmt)).all()
+            widened += 1
+    assert widened == (1 if fixture == DENSE and LAYOUTS[name][1]("model.layers.1.mlp.down_proj") == MXFP4 else 0)
+    # every other tensor: copied as it is, or (Quark's block-FP8 layers) re-quantized as the reference does
+    tensors = source_tensors(src)
+    for name_, entry in package.items():
+        prefix = name_.rsplit(".", 1)[0]
+        if prefix in mx_linears or name_ in {p + ".weight_scale" for p in mx_linears}:
+            continue
+        if name_.endswith(".weight") and description[name_] != "FLOAT":
+            assert conversions[name_] == "requantized" and source.linears[prefix].block is not None
+            scale = as_array(tensors[prefix + ".weight_scale"]).astype(np.float32)
+            block = source.linears[prefix].block
+            want, scales = requantize.requantize_rows(as_array(tensors[name_]), scale.reshape(-1, scale.shape[-1]) if scale.ndim else scale.reshape(1, 1), block, 0, "bf16", E4M3, "mse")
+            assert entry[2] == want.tobytes() and package[prefix + ".weight_scale"][2] == scales.tobytes()
+        elif not name_.endswith(".weight_scale"):
+            assert entry == tensors[name_], name_
+    assert not any(n.endswith((".weight_packed", ".weight_shape")) for n in package)
+    assert result.plan.conversion_counts()["relaid"] == len(mx_linears)
+    report = verify(out, VerifyOptions(source=src, moe_check=fixture == MOE))
+    assert report.ok, [c.to_dict() for c in report.checks if not c.ok]
+    assert fixture == DENSE or next(c for c in report.checks if c.name == "moe").skipped is False
+    exact = next(c for c in report.checks if c.name == "exact")
+    assert f"{len(mx_linears)} re-laid MX weights equal their source bytes" in exact.detail
+
+
+@pytest.mark.parametrize("name", ["ct-mxfp8", "modelopt"])
+def test_an_mxfp8_source_requantized_to_w4a8_matches_the_reference_on_its_decoded_values(tmp_path, name):
+    src = make(tmp_path, name)
+    out = tmp_path / "out"
+    result = convert(src, out, ConvertOptions(scheme="w4a8-mxfp", scale_rule="rceil"))
+    assert result.plan.conversion_counts() == {"relaid": 0, "requantized": 31}
+    package = package_tensors(out)
+    for prefix, (payload, scale, fmt) in mx_weights(src).items():
+        want, scales = requantize.quantize_rows(decoded(payload, scale, fmt), E2M1, "rceil")
+        assert package[prefix + ".weight"][2] == want.tobytes() and package[prefix + ".weight_scale"][2] == scales.tobytes()
+    report = verify(out, VerifyOptions(source=src))
+    assert report.ok, [c.to_dict() for c in report.checks if not c.ok]
+    accuracy = {t.name: t for t in report.tensors}
+    # re-quantizing E4M3 values to E2M1 loses: a finite SQNR, measured against the decoded source
+    assert all(0 < t.rel_err < 0.2 and np.isfinite(t.sqnr_db) for t in accuracy.values() if t.type == "W4A8_MXFP")
+
+
+def test_an_mx_module_written_float_is_its_decoded_values_in_bf16(tmp_path):
+    src = make(tmp_path, "ct-mxfp4")
+    target = "model.layers.1.self_attn.q_proj"
+    out = tmp_path / "out"
+    convert(src, out, ConvertOptions(scheme="native", overrides=[__import__("ascendconv.decide").decide.Override(target, "FLOAT")]))
+    payload, scale, fmt = mx_weights(src)[target]
+    got = package_tensors(out)[target + ".weight"]
+    assert got == ("BF16", (payload[1][0], 2 * payload[1][1]), decoded(payload, scale, fmt).astype(ml_dtypes.bfloat16).tobytes())
+    assert verify(out, VerifyOptions(source=src)).ok
+
+
+def test_e2m1_as_e4m3_keeps_every_value_of_every_byte():
+    packed = np.arange(256, dtype=np.uint8).reshape(1, 256)
+    widened = relayout.e2m1_as_e4m3(packed)
+    assert widened.shape == (1, 512)
+    assert np.array_equal(elements.decode_e4m3(widened), elements.decode_e2m1(elements.unpack_fp4(packed)))
+    assert np.array_equal(np.signbit(elements.decode_e4m3(widened)), np.signbit(elements.decode_e2m1(elements.unpack_fp4(packed))))
+    scales = np.array([[0, 127, 200, 250] * 4], np.uint8)
+    assert np.array_equal(relayout.decode(packed, scales, E2M1), mx.dequantize_mx(elements.unpack_fp4(packed), scales, E2M1))
+    codes = np.arange(256, dtype=np.uint8).reshape(2, 128) & 0x7E  # no NaN codes
+    e4m3_scales = np.full((2, 4), 120, np.uint8)
+    assert np.array_equal(relayout.decode(codes, e4m3_scales, E4M3), mx.dequantize_mx(codes, e4m3_scales, E4M3))
+
+
+def test_the_plan_says_relaid_or_requantized_per_tensor(tmp_path):
+    src = make(tmp_path, "quark")
+    result = runner.invoke(app, ["convert", str(src), str(tmp_path / "out"), "--scheme", "native", "--dry-run", "--json"])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)
+    assert plan["conversion_counts"] == {"relaid": 24, "requantized": 7}
+    assert plan["conversions"]["model.layers.0.mlp.experts.2.up_proj.weight"] == "relaid"
+    assert plan["conversions"]["model.layers.0.self_attn.q_proj.weight"] == "requantized"
+    text = runner.invoke(app, ["convert", str(src), str(tmp_path / "out"), "--scheme", "native", "--dry-run"])
+    assert text.exit_code == 0 and "MX payloads 24 relaid, 7 requantized" in text.stdout
+    assert "model.layers.*.mlp.experts.*.up_proj.weight" in text.stdout
+    assert not (tmp_path / "out").exists()
+
+
+def test_inspect_names_the_mx_format(tmp_path):
+    src = make(tmp_path, "ct-mxfp4", weight_shape=True)
+    result = runner.invoke(app, ["inspect", str(src), "--json"])
+    assert result.exit_code == 0, result.output
+    quant = json.loads(result.stdout)["quantization"]
+    assert quant["format"] == "ct-mx" and quant["encodings"] == ["mx_e2m1"] and quant["companions_dropped"] == 31
+
+
+def test_modelopt_described_by_hf_quant_config_json_only(tmp_path):
+    src = make(tmp_path, "modelopt")
+    config = json.loads((src / "config.json").read_text())
+    quant = config.pop("quantization_config")
+    (src / "config.json").write_text(json.dumps(config))
+    (src / "hf_quant_config.json").write_text(json.dumps({"producer": {"name": "modelopt"}, "quantization": {
+        "quant_algo": "MXFP8", "kv_cache_quant_algo": None, "group_size": 32, "exclude_modules": quant["exclude_modules"]}}))
+    assert open_source(src).format == "modelopt-mxfp8"
+    out = tmp_path / "out"
+    convert(src, out, ConvertOptions(scheme="native"))
+    assert not (out / "hf_quant_config.json").exists()  # vLLM would take it for the package's quantization
+    assert "quantization_config" not in json.loads((out / "config.json").read_text())
+    assert verify(out, VerifyOptions(source=src)).ok
+
+
+# --- refusals --------------------------------------------------------------------------------
+
+
+def edit_config(src: Path, edit) -> Path:
+    config = json.loads((src / "config.json").read_text())
+    edit(config["quantization_config"])
+    (src / "config.json").write_text(json.dumps(config))
+    return src
+
+
+def set_weight(group="group_0", **changes):
+    return lambda q: q["config_groups"][group]["weights"].update(changes)
+
+
+def refused(src: Path, tmp_path: Path, error, words):
+    with pytest.raises(error) as caught:
+        open_source(src)
+    assert all(w in caught.value.message for w in words), caught.value.message
+    result = runner.invoke(app, ["convert", str(src), str(tmp_path / "out")])
+    assert result.exit_code == 3 and not (tmp_path / "out").exists(), result.output
+
+
+@pytest.mark.parametrize(
+    "name,edit,error,words",
+    [
+        ("ct-mxfp4", set_weight(strategy="tensor_group"), UnsupportedSourceError, ["strategy is 'tensor_group'", "'group'"]),
+        ("ct-mxfp4", set_weight(group_size=16), UnsupportedSourceError, ["group_size is 16"]),
+        ("ct-mxfp4", set_weight(num_bits=8), UnsupportedSourceError, ["with 8 bits"]),
+        ("ct-mxfp4", lambda q: q["config_groups"]["group_0"].update(format="nvfp4-pack-quantized") or q.update(format="mixed-precision")
+         or q["config_groups"].update(group_1={**q["config_groups"]["group_0"], "format": "mxfp4-pack-quantized"}),
+         InexactSourceError, ["nvfp4-pack-quantized", "NVFP4", "per 16"]),
+        ("ct-mxfp4", lambda q: q.update(ignore=["re:model.([0-9"]), ConfigError, ["not a regular expression"]),
+        ("quark", lambda q: q["layer_quant_config"]["*.experts.*"]["weight"].update(dtype="fp6_e2m3"), InexactSourceError, ["fp6_e2m3", "FP6"]),
+        ("quark", lambda q: q["layer_quant_config"]["*.experts.*"]["weight"].update(scale_format="fp8_e4m3"), UnsupportedSourceError, ["scale_format", "E8M0"]),
+        ("quark", lambda q: q["layer_quant_config"]["*.experts.*"]["weight"].update(group_size=16), UnsupportedSourceError, ["group_size 16"]),
+        ("quark", lambda q: q["layer_quant_config"].clear(), UnsupportedTensorError, ["is U8", "fp8_e4m3"]),
+        ("modelopt", lambda q: q.update(quant_algo="NVFP4"), InexactSourceError, ["NVFP4", "global scale"]),
+        ("modelopt", lambda q: q.update(quant_algo="FP8"), UnsupportedSourceError, ["quant_algo is 'FP8'"]),
+    ],
+)
+def test_malformed_mx_configs_are_named(tmp_path, name, edit, error, words):
+    refused(edit_config(make(tmp_path, name), edit), tmp_path, error, words)
+
+
+def test_nvfp4_alone_is_refused_with_the_reason(tmp_path):
+    src = edit_config(make(tmp_path, "ct-mxfp4"), lambda q: q.update(format="nvfp4-pack-quantized")
+                      or q["config_groups"]["group_0"].pop("format"))
+    refused(src, tmp_path, UnsupportedSourceError, ["nvfp4-pack-quantized", "E4M3 values per 16"])
+
+
+EXPERT = "model.layers.1.mlp.experts.2.down_proj"
+
+
+def change(target, new):
+    return lambda name, entry: new(name, entry) if name == target else {name: entry}
+
+
+@pytest.mark.parametrize(
+    "name,tensor,error,words",
+    [
+        ("ct-mxfp4", change(EXPERT + ".weight_scale", lambda n, e: {}), MissingScaleError, ["weight_packed", "no", "weight_scale"]),
+        ("ct-mxfp4", change(EXPERT + ".weight_scale", lambda n, e: {n: ("U8", (e[1][1], e[1][0]), e[2])}), ScaleShapeError, ["[4, 128]", "[128, 4]"]),
+        ("ct-mxfp4", change(EXPERT + ".weight_scale", lambda n, e: {n: ("BF16", (128, 2), e[2])}), ScaleDtypeError, ["is BF16", "E8M0"]),
+        ("ct-mxfp4", change(EXPERT + ".weight_packed", lambda n, e: {n: ("I8", e[1], e[2])}), UnsupportedTensorError, ["weight_packed", "I8", "U8"]),
+        ("ct-mxfp8", change(EXPERT + ".weight_scale", lambda n, e: {n: ("U8", (128, 2), e[2][:256])}), ScaleShapeError, ["[128, 2]", "[128, 4]"]),
+        ("quark", change(EXPERT + ".weight_scale", lambda n, e: {}), MissingScaleError, ["OCP-MX fp4", "weight_scale"]),
+        ("modelopt", change(EXPERT + ".weight_scale", lambda n, e: {n: ("F32", (128, 1), bytes(512))}), ScaleDtypeError, ["is F32"]),
+    ],
+)
+def test_malformed_mx_tensors_are_named(tmp_path, name, tensor, error, words):
+    src = respell(make(tmp_path, name), tmp_path / "bad", tensor, lambda c: c)
+    refused(src, tmp_path, error, words)
+
+
+@pytest.mark.parametrize(
+    "name,suffix,poison,error,words",
+    [
+        ("ct-mxfp4", ".weight_scale", lambda b: b"\xff" + b[1:], NonFiniteScaleError, ["0xFF", "weight_scale"]),
+        ("ct-mxfp8", ".weight", lambda b: b[:5] + b"\x7f" + b[6:], NaNCodeError, ["NaN code", "0x7F", "column 5"]),
+        ("ct-mxfp8", ".weight_scale", lambda b: b"\xfe" * len(b), None, ["decodes to inf"]),
+    ],
+)
+def test_bad_mx_bytes_are_named_errors(tmp_path, name, suffix, poison, error, words):
+    src = respell(make(tmp_path, name), tmp_path / "bad", change(EXPERT + suffix, lambda n, e: {n: (e[0], e[1], poison(e[2]))}), lambda c: c)
+    scheme = "w4a8-mxfp" if error is None else "native"  # a decode overflow shows where values are re-quantized
+    result = runner.invoke(app, ["convert", str(src), str(tmp_path / "out"), "--scheme", scheme])
+    assert result.exit_code == 3 and all(w in result.stderr for w in words) and EXPERT in result.stderr, result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_gguf_is_refused_by_name(tmp_path):
+    (tmp_path / "gguf").mkdir()
+    (tmp_path / "gguf" / "model-MXFP4.gguf").write_bytes(b"GGUF\x03\x00\x00\x00")
+    for path in (tmp_path / "gguf", tmp_path / "gguf" / "model-MXFP4.gguf"):
+        with pytest.raises(UnsupportedSourceError, match="GGUF is not a supported source") as caught:
+            open_source(path)
+        assert "split-half nibbles" in caught.value.hint
+        result = runner.invoke(app, ["convert", str(path), str(tmp_path / "out")])
+        assert result.exit_code == 3 and "GGUF" in result.stderr
+
+
+@settings(max_examples=60, deadline=None, database=None)
+@given(
+    packed=hnp.arrays(np.uint8, st.tuples(st.integers(1, 4), st.sampled_from([16, 32, 48])), elements=st.integers(0, 255)),
+    scale=st.integers(0, 250),
+)
+def test_the_exact_fallback_and_the_decode_agree_with_the_reference(packed, scale):
+    """For any packed E2M1 rows and E8M0 bytes: e2m1-as-e4m3 under the same bytes dequantizes to the
+    decoded MXFP4 values, and both equal the reference dequantizer's."""
+    scales = np.full((packed.shape[0], packed.shape[1] // 16), scale, np.uint8)
+    values = relayout.decode(packed, scales, E2M1)
+    assert np.array_equal(values, mx.dequantize_mx(elements.unpack_fp4(packed), scales, E2M1))
+    assert np.array_equal(mx.dequantize_mx(relayout.e2m1_as_e4m3(packed), scales, E4M3), values)
