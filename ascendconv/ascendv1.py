@@ -173,6 +173,8 @@ class ProvenanceRecord:
     fallbacks: tuple[dict, ...]  # plan.ModuleDecision.to_dict() of each fallback
     source_nonfinite: dict[str, int]  # FLOAT tensor carried from the source -> its NaN / Inf values
     checksum: str  # the algorithm of the shard digests
+    # tensors the package adds (FLOAT copies the MTP drafter needs): name -> {"source", "reason"}
+    added_tensors: dict[str, dict] = dataclasses.field(default_factory=dict)
 
     def base(self) -> dict:
         """The record as JSON (what a part manifest keeps to write the provenance when assembled)."""
@@ -268,6 +270,18 @@ class Provenance:
         if not isinstance(entry, dict) or not isinstance(algorithm, str):
             return None
         return _text(entry.get(algorithm))
+
+    @property
+    def added_tensors(self) -> dict[str, str]:
+        """Tensor the package added -> the source tensor it copies (valid entries only)."""
+        recorded = self.raw.get("added_tensors")
+        if not isinstance(recorded, dict):
+            return {}
+        return {
+            name: entry["source"]
+            for name, entry in recorded.items()
+            if isinstance(name, str) and isinstance(entry, dict) and isinstance(entry.get("source"), str)
+        }
 
     @property
     def source_nonfinite(self) -> dict[str, int]:

@@ -118,4 +118,5 @@ def provenance_record(source: Source, plan: Plan, kernel: str) -> ProvenanceReco
         fallbacks=tuple(d.to_dict() for d in plan.fallbacks),
         source_nonfinite=nonfinite_copies(source, plan),
         checksum=CHECKSUM,
+        added_tensors={added.name: added.to_dict() for added in plan.added},
     )

@@ -69,7 +69,7 @@ def test_the_file_keeps_its_key_order_and_layout(tmp_path):
         '    "params": {\n      "weight_block_size": [\n        128,\n        64\n      ]\n    },\n    "files": [\n      {\n        "name": "a.safetensors",\n        "size": 1234,\n'
         f'        "fingerprint": "{"ab" * 32}"\n      }}\n    ]\n  }},\n  "scheme": "w4a8-mxfp-moe",\n'
         '  "scale_rule": "floor",\n  "resolve_dtype": "fp16",\n  "kernel": "reference",\n  "fallbacks": [],\n'
-        '  "source_nonfinite": {},\n  "checksum": "blake3",\n  "shards": {\n    "s1": {\n      "blake3": "11"\n'
+        '  "source_nonfinite": {},\n  "checksum": "blake3",\n  "added_tensors": {},\n  "shards": {\n    "s1": {\n      "blake3": "11"\n'
         '    },\n    "s2": {\n      "blake3": "22"\n    }\n  }\n}\n'
     )
 

@@ -13,6 +13,7 @@ from ascendconv.cli.options import (
     AsJson,
     Ep,
     KernelChoice,
+    MtpHeads,
     NewPackage,
     Overwrite,
     Quiet,
@@ -81,6 +82,7 @@ def convert(
     tp: Tp = Deployment.tp,
     ep: Ep = Deployment.ep,
     shared_experts_as_routed: SharedAsRouted = Deployment.shared_experts_as_routed,
+    mtp_heads: MtpHeads = Deployment.mtp_heads,
 ) -> None:
     """Convert a block-FP8 checkpoint into an AscendV1 W8A8_MXFP8 / W4A8_MXFP package.
 
@@ -109,7 +111,7 @@ def convert(
             overwrite=overwrite,
             resume=resume,
             part=parse_part(part) if part is not None else None,
-            deployment=Deployment(tp, ep, shared_experts_as_routed),
+            deployment=Deployment(tp, ep, shared_experts_as_routed, mtp_heads),
         )
         runner = run_convert
         if (ray or ray_address) and not dry_run:

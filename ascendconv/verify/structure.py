@@ -17,7 +17,6 @@ from ascendconv.ascendv1 import (
 from ascendconv.errors import shown
 from ascendconv.formats.constants import FLOAT, GROUP_SIZE
 from ascendconv.io.rules import moe_coverage_problems
-from ascendconv.models import tp_role
 from ascendconv.decide import (
     Deployment,
     alignment_problem,
@@ -32,9 +31,9 @@ from ascendconv.verify.report import Check
 
 FP8_DTYPES = ("F8_E4M3", "F8_E5M2", "F8_E8M0")
 
-# Tensor parallelism: models.tp_role says how vLLM splits each linear. Row-parallel linears split K
-# (the type's K rule applies to K/T, as the plan checks it); column-parallel ones split N (N/T must be
-# whole). Routed experts split like a dense MLP under plain TP, and not at all with --ep.
+# Tensor parallelism: the family's roles (ModelRules.tp_role) say how vLLM splits each linear.
+# Row-parallel linears split K (the type's K rule applies to K/T, as the plan checks it);
+# column-parallel ones split N (N/T must be whole). Routed experts split like a dense MLP under plain TP, and not at all with --ep.
 KV_HEAD_PROJECTIONS = ("k_proj", "v_proj")  # replicated instead of split when kv heads < T
 
 
@@ -270,7 +269,7 @@ def check_tp(lay: _Layout, tp: int, ep: bool = False) -> Check:
     problems = []
     checked = 0
     for prefix, module in sorted(lay.modules.items()):
-        role = tp_role(prefix)
+        role = lay.rules.tp_role(prefix)
         n, k = module.n, module.k
         if role in (None, "replicated") or n is None:
             continue
@@ -278,7 +277,7 @@ def check_tp(lay: _Layout, tp: int, ep: bool = False) -> Check:
         where = f"{prefix} ({module.label}, {role}-parallel)"
         if role == "row":
             routed = is_routed_expert(prefix, lay.rules)
-            rank_k_value, k_label = rank_k(prefix, k, routed, Deployment(tp, ep))
+            rank_k_value, k_label = rank_k(prefix, k, routed, Deployment(tp, ep), lay.rules)
             problem = k_label if rank_k_value is None else alignment_problem(module.label, rank_k_value, routed, k_label)
             if problem:
                 problems.append(f"{where}: {problem}")
