@@ -149,7 +149,7 @@ class Family:
     # num_nextn_predict_layers layers numbered from num_hidden_layers under each root
     mtp_prefix: str | None = None
     mtp_heads: tuple[HeadCopy, ...] = ()
-    indexer: str | None = None  # the attention indexer's module name (DSA / V3.2: "indexer")
+    indexer: str | None = None  # the attention indexer's module name (V3.2 / GLM-5 / V4: "indexer")
     mla: bool = False  # MLA attention (the fused MLA prolog note in inspect)
     runtime_notes: tuple[str, ...] = ()  # what inspect says about running this family on vllm-ascend
 
@@ -339,4 +339,5 @@ GENERIC = Family(
     tp=HF_TP + GDN_TP + M3_TP,
     float_rules=((".kv_b_proj", KV_B_REASON), (".indexer.wk", INDEXER_WK_REASON)),
     mtp_prefix="mtp.",
+    indexer="indexer",
 )

@@ -171,6 +171,16 @@ class ModelRules:
         fused = self._packed.get(last)
         return f"{base}.{fused}" if fused else prefix
 
+    def indexer_of(self, prefix: str) -> str | None:
+        """The attention module ('model.layers.3.self_attn') whose indexer `prefix` is or belongs to."""
+        name = self.family.indexer
+        if not name:
+            return None
+        head, sep, _ = prefix.partition(f".{name}.")
+        if sep:
+            return head
+        return prefix[: -len(name) - 1] if prefix.endswith("." + name) else None
+
     def tp_role(self, prefix: str) -> str | None:
         """'row', 'column' or 'replicated': how vLLM splits the linear over tensor-parallel ranks."""
         dotted = "." + prefix
@@ -192,7 +202,10 @@ class ModelRules:
 
     def mtp_heads(self, names) -> list[AddedTensor]:
         """The tensors the package adds for the MTP drafter (families.HeadCopy): each whose source
-        tensor is among `names` and whose own name is not."""
+        tensor is among `names`, whose own name is not, and whose MTP layer the source holds."""
+        if not self.family.mtp_heads:
+            return []
+        layers = {self.mtp_label(name) for name in names} - {None}
         added = []
         for head in self.family.mtp_heads:
             targets = [head.target]
@@ -200,7 +213,7 @@ class ModelRules:
                 first = self.num_hidden_layers or 0
                 targets = [head.target.format(n=i) for i in range(first, first + self.mtp_layer_count)]
             for target in targets:
-                if head.source in names and target not in names:
+                if head.source in names and target not in names and self.mtp_label(target) in layers:
                     added.append(AddedTensor(target, head.source, head.reason))
         return added
 
