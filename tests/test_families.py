@@ -17,10 +17,11 @@ from typer.testing import CliRunner
 from ascendconv.cli import app
 from ascendconv.inspect import inspect_path
 from ascendconv.sources import Source
-from ascendconv.models import INDEXER_WK_REASON, KV_B_REASON, MTP_REASON
-from ascendconv.decide import SCHEMES, Deployment
+from ascendconv.families import GLM_MTP_HEAD_REASON
+from ascendconv.models import INDEXER_WK_REASON, KV_B_REASON, MTP_REASON, rules_for
+from ascendconv.decide import SCHEMES, Deployment, Override
 from ascendconv.plan import Planner
-from fullscale import FAMILIES, write_sparse_checkpoint
+from fullscale import FAMILIES, deepseek_v4, deepseek_v4_flash, write_sparse_checkpoint
 
 # Published totals (docs/families.md, "Sources"): tensors, and bytes or GiB rounded to 2 places.
 # The 2026 figures: Qwen3.8-27B 28.75 GiB (the tensor count and exact bytes of a layout built from
@@ -282,3 +283,194 @@ def test_dry_run_json(family_root, name):
             assert label == "FLOAT", tensor
         elif ".experts." in tensor:
             assert label == "W4A8_MXFP", tensor
+
+
+# --- the 2026 families --------------------------------------------------------------------------------
+
+NEW_2026 = ["qwen3.8-27b", "qwen3.6-35b-a3b", "qwen3.5-397b-a17b", "glm-5.1", "minimax-m3"]
+# The packed groups vllm-ascend fuses for each (fused name -> members), in our words: a description
+# must give every member of one of them the same type.
+LOOKUP_GROUPS = {
+    "qwen3.8-27b": {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj"),
+                    "in_proj_qkvz": ("in_proj_qkv", "in_proj_z"), "in_proj_ba": ("in_proj_b", "in_proj_a")},
+    "glm-5.1": {"gate_up_proj": ("gate_proj", "up_proj"), "fused_qkv_a_proj": ("q_a_proj", "kv_a_proj_with_mqa")},
+    "minimax-m3": {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj"),
+                   "indexer_proj": ("index_q_proj", "index_k_proj")},
+}  # fmt: skip
+LOOKUP_GROUPS["qwen3.6-35b-a3b"] = LOOKUP_GROUPS["qwen3.5-397b-a17b"] = LOOKUP_GROUPS["qwen3.8-27b"]
+VISION = {"qwen3.8-27b": "model.visual.", "qwen3.6-35b-a3b": "model.visual.", "qwen3.5-397b-a17b": "model.visual.",
+          "minimax-m3": "vision_tower."}  # fmt: skip
+GLM_HEAD = "model.layers.78.shared_head.head.weight"
+
+
+def lookup_problems(description: dict, groups: dict) -> list[str]:
+    """vllm-ascend's lookup replayed over a description: a fused module takes its type from its
+    members, which must all be described and agree; a MoE layer's experts share one type."""
+    problems = []
+    members_of = {m: (fused, members) for fused, members in groups.items() for m in members}
+    seen = set()
+    for name in description:
+        if not name.endswith(".weight"):
+            continue
+        base, _, last = name[: -len(".weight")].rpartition(".")
+        if last in members_of and (base, members_of[last][0]) not in seen:
+            fused, members = members_of[last]
+            seen.add((base, fused))
+            labels = {description.get(f"{base}.{m}.weight") for m in members}
+            if len(labels) != 1 or None in labels:
+                problems.append(f"{base}.{fused}: {sorted(map(str, labels))}")
+    experts: dict[str, set] = {}
+    for name, label in description.items():
+        if ".experts." in name and name.endswith(".weight"):
+            experts.setdefault(name.partition(".experts.")[0], set()).add(label)
+    problems += [f"{layer}.experts: {sorted(labels)}" for layer, labels in experts.items() if len(labels) > 1]
+    return problems
+
+
+@pytest.mark.parametrize("name", NEW_2026)
+def test_every_scheme_and_deployment_plans_a_package_the_lookup_accepts(planner, name):
+    """Every scheme at --tp 1/4/8/16, with and without --ep: known rules (no generic warning), MTP and
+    vision FLOAT, each packed group of one type in the description, and fallbacks only where K/T
+    leaves no type (then the warning says what --tp costs and that --ep keeps the experts)."""
+    mtp, vision = MTP_PREFIX.get(name, "(no MTP)"), VISION.get(name, "(no vision)")
+    for tp in (1, 4, 8, 16):
+        for ep in (False, True):
+            for scheme in SCHEMES:
+                plan = planner(name, Deployment(tp=tp, ep=ep)).plan(scheme)
+                by_group: dict[str, set] = {}
+                for decision in plan.decisions.values():
+                    by_group.setdefault(decision.group, set()).add(decision.written)
+                assert all(len(types) == 1 for types in by_group.values()), (tp, ep, scheme)
+                if scheme == "w4a8-mxfp-moe" and tp in (1, 16):  # the lookup replayed over the whole description
+                    description = plan.description()
+                    assert lookup_problems(description, LOOKUP_GROUPS[name]) == [], (tp, ep, scheme)
+                    assert {label for t, label in description.items() if t.startswith((mtp, vision))} <= {"FLOAT"}
+                assert {t.quant_type for t in plan.tensors if t.name.startswith((mtp, vision))} <= {"FLOAT"}
+                routed_fallbacks = [d for d in plan.fallbacks if ".experts." in d.module]
+                growth = [w for w in plan.warnings if "--ep" in w]
+                assert bool(growth) == bool(routed_fallbacks) and len(plan.warnings) == len(growth) <= 1
+                if ep:
+                    assert routed_fallbacks == []
+                added = {t.name for t in plan.tensors if t.kind == "copy" and t.name != t.source}
+                assert added == ({GLM_HEAD} if name == "glm-5.1" else set())
+
+
+def test_qwen3_6_at_tp_16_says_what_the_package_grows_and_that_ep_keeps_the_experts(planner):
+    plan = planner("qwen3.6-35b-a3b", Deployment(tp=16)).plan("w4a8-mxfp-moe")
+    # 30,720 expert linears of 512 x 2048: BF16 2 x 1,048,576 B instead of W4A8's 524,288 + 32,768 B each
+    extra = 30_720 * (2 * 512 * 2048 - (512 * 1024 + 512 * 64))
+    assert plan.bytes_out - extra == planner("qwen3.6-35b-a3b", Deployment(tp=16, ep=True)).plan("w4a8-mxfp-moe").bytes_out
+    assert plan.warnings == [
+        "--tp 16 splits the routed experts' K below what W4A8_MXFP accepts: 30720 expert linears in 40 MoE layers "
+        f"are written FLOAT, and the package grows by {extra / 1e9:.1f} GB ({(plan.bytes_out - extra) / 1e9:.1f} GB -> "
+        f"{plan.bytes_out / 1e9:.1f} GB, {plan.bytes_out / (plan.bytes_out - extra):.2f}x); with --ep vLLM places "
+        "experts whole and they stay W4A8_MXFP"
+    ]
+    assert int(plan.bytes_out / 1e9) == 70  # from a 37.5 GB source: the issue's figure
+
+
+@pytest.mark.parametrize(
+    "name, override, partner",
+    [
+        ("qwen3.8-27b", "*.layers.0.linear_attn.in_proj_z=FLOAT", "model.language_model.layers.0.linear_attn.in_proj_qkv"),
+        ("qwen3.8-27b", "*.layers.3.self_attn.k_proj=FLOAT", "model.language_model.layers.3.self_attn.v_proj"),
+        ("minimax-m3", "*.layers.5.self_attn.index_k_proj=FLOAT", "language_model.model.layers.5.self_attn.index_q_proj"),
+        ("glm-5.1", "*.layers.9.self_attn.q_a_proj=FLOAT", "model.layers.9.self_attn.kv_a_proj_with_mqa"),
+    ],
+)
+def test_packed_groups_hold_under_an_override_of_one_member(planner, name, override, partner):
+    plan = planner(name).plan("w8a8-mxfp8", overrides=[Override.parse(override)])
+    decision = plan.decisions[partner]
+    assert (decision.requested, decision.written) == ("W8A8_MXFP8", "FLOAT")
+    assert decision.reason.startswith("packed with ") and decision.reason.endswith(f"requested as FLOAT (--override {override})")
+    assert lookup_problems(plan.description(), LOOKUP_GROUPS[name]) == []
+
+
+def test_glm_5_plan_adds_the_mtp_head_as_a_float_copy_of_lm_head(planner, family_root):
+    plan = planner("glm-5.1").plan("w4a8-mxfp-moe")
+    head = {t.name: t for t in plan.tensors}[GLM_HEAD]
+    assert (head.source, head.kind, head.dtype, head.shape, head.quant_type) == ("lm_head.weight", "copy", "BF16", (154880, 6144), "FLOAT")
+    assert plan.description()[GLM_HEAD] == "FLOAT"
+    assert plan.to_dict()["added_tensors"] == {GLM_HEAD: {"source": "lm_head.weight", "reason": GLM_MTP_HEAD_REASON}}
+    assert plan.warnings == []
+    # --no-mtp-heads: not added, and the plan says the drafter will not load
+    off = planner("glm-5.1", Deployment(mtp_heads=False)).plan("w4a8-mxfp-moe")
+    assert GLM_HEAD not in off.description() and off.bytes_out == plan.bytes_out - 154880 * 6144 * 2
+    assert len(off.warnings) == 1 and off.warnings[0].startswith(f"{GLM_HEAD} is not in the source and --no-mtp-heads")
+    # inspect of the source says it for every scheme
+    report = inspect_path(family_root("glm-5.1"))
+    for estimate in report.schemes.values():
+        assert f"adds {GLM_HEAD}, a FLOAT copy of lm_head.weight: {GLM_MTP_HEAD_REASON}" in estimate.runtime
+
+
+@pytest.mark.parametrize("name", NEW_2026)
+def test_dry_run_json_of_the_2026_families(family_root, planner, name):
+    """The CLI's dry run: the rules of the family, no warning, and the description the planner makes
+    (what convert would write), with the MTP head added for GLM-5 and said in `added_tensors`."""
+    result = CliRunner().invoke(
+        app, ["convert", str(family_root(name)), "unused-out", "--scheme", "w4a8-mxfp-moe", "--dry-run", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["model_type"] in {"qwen3_5", "qwen3_5_moe", "glm_moe_dsa", "minimax_m3_vl"}
+    assert data["warnings"] == [] and data["fallbacks"] == [] and data["mtp_heads"] is True
+    assert data["modules"] == {
+        "FLOAT": EXPECTED[name]["float"], "W8A8_MXFP8": EXPECTED[name]["moe_w8"], "W4A8_MXFP": EXPECTED[name]["moe_w4"]
+    }
+    assert data["description"] == planner(name).plan("w4a8-mxfp-moe").description()
+    assert data["added_tensors"] == ({GLM_HEAD: {"source": "lm_head.weight", "reason": GLM_MTP_HEAD_REASON}}
+                                     if name == "glm-5.1" else {})
+
+
+def test_deepseek_v4_flash_matches_its_published_bytes_and_mtp_count():
+    """V4-Flash shares the Base's layout with MXFP4 experts: its published exact size checks the
+    layout the Base copy is built from."""
+    flash = deepseek_v4_flash()
+    assert (len(flash.tensors), flash.tensor_bytes) == (69_187, 159_609_485_896)
+    assert sum(1 for t in flash.tensors if t[0].startswith("mtp.0.")) == 1_575
+    assert "mtp.0.head.weight" not in {t[0] for t in flash.tensors}
+
+
+def test_qwen3_6_counts_match_the_published_breakdown():
+    names = [t[0] for t in FAMILIES["qwen3.6-35b-a3b"]().tensors]
+    assert sum(1 for n in names if n.startswith("mtp.")) == 1_560
+    assert sum(1 for n in names if n.startswith("model.visual.")) == 333
+    body = [n for n in names if not n.startswith("mtp.")]
+    assert sum(1 for n in body if ".experts." in n and n.endswith(".weight")) == 30_720
+    assert sum(1 for n in body if ".experts." not in n and n.endswith(".weight_scale_inv")) == 250
+
+
+def test_deepseek_v4_rules_on_the_native_names():
+    """The DeepSeek-V4 entry on the names of its header-only copy (the reader of that layout is
+    another module): experts, shared experts, packed w1/w3, tp roles, MTP, indexers, the head."""
+    family = deepseek_v4()
+    names = {t[0] for t in family.tensors}
+    rules = rules_for(family.config)
+    assert rules.family.label == "DeepSeek-V4" and rules.warning is None
+    expert = rules.routed_expert("layers.7.ffn.experts.255.w2")
+    assert (expert["layer"], expert["expert"], rules.expert_role(expert["proj"])) == ("layers.7.ffn", "255", "down_proj")
+    assert rules.shared_expert_layer("layers.7.ffn.shared_experts.w1") == "layers.7.ffn"
+    assert rules.packed_group("layers.7.ffn.shared_experts.w3") == "layers.7.ffn.shared_experts.gate_up_proj"
+    assert rules.packed_group("layers.7.ffn.experts.3.w1") == "layers.7.ffn.experts"
+    roles = {m: rules.tp_role(m) for m in ("layers.7.attn.wo_b", "layers.7.attn.wo_a", "layers.7.attn.wq_b",
+                                            "layers.7.attn.indexer.wq_b", "layers.7.attn.wq_a", "layers.7.ffn.experts.3.w2",
+                                            "mtp.0.e_proj", "head")}  # fmt: skip
+    assert roles == {"layers.7.attn.wo_b": "row", "layers.7.attn.wo_a": "column", "layers.7.attn.wq_b": "column",
+                     "layers.7.attn.indexer.wq_b": "replicated", "layers.7.attn.wq_a": "replicated",
+                     "layers.7.ffn.experts.3.w2": "row", "mtp.0.e_proj": "replicated", "head": None}  # fmt: skip
+    assert rules.default_float("mtp.0.ffn.experts.3.w1") == MTP_REASON and rules.default_float("layers.7.attn.wq_b") is None
+    assert rules.mtp_label("mtp.0.e_proj.weight") == "mtp"
+    assert len({rules.indexer_of(n) for n in names} - {None}) == 21  # the ratio-4 layers
+    # the drafter's head: added from head.weight, only where the source lacks it
+    assert [(a.name, a.source) for a in rules.mtp_heads(names)] == [("mtp.0.head.weight", "head.weight")]
+    assert rules.mtp_heads(names | {"mtp.0.head.weight"}) == []
+
+
+def test_mtp_heads_need_the_mtp_layer_and_the_source_tensor():
+    glm = rules_for(FAMILIES["glm-5.1"]().config)
+    assert [a.name for a in glm.mtp_heads({"lm_head.weight", "model.layers.78.enorm.weight"})] == [GLM_HEAD]
+    assert glm.mtp_heads({"lm_head.weight", "model.layers.77.enorm.weight"}) == []  # no MTP layer in the source
+    assert glm.mtp_heads({"model.layers.78.enorm.weight"}) == []  # nothing to copy
+    assert rules_for({"model_type": "deepseek_v32", "num_hidden_layers": 61, "num_nextn_predict_layers": 1}).mtp_heads(
+        {"lm_head.weight", "model.layers.61.enorm.weight"}
+    ) == []  # V3.2 ships its head: the rule is GLM's
