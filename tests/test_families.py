@@ -10,17 +10,21 @@ Expected counts are derived from each architecture, not copied from a run.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from ascendconv.cli import app
+from ascendconv.convert import ConvertOptions, convert
 from ascendconv.inspect import inspect_path
 from ascendconv.sources import Source
 from ascendconv.families import GLM_MTP_HEAD_REASON
 from ascendconv.models import INDEXER_WK_REASON, KV_B_REASON, MTP_REASON, rules_for
 from ascendconv.decide import SCHEMES, Deployment, Override
 from ascendconv.plan import Planner
+from ascendconv.verify import VerifyOptions, verify
+from conftest import load_shard, save_shard
 from fullscale import FAMILIES, deepseek_v4, deepseek_v4_flash, write_sparse_checkpoint
 
 # Published totals (docs/families.md, "Sources"): tensors, and bytes or GiB rounded to 2 places.
@@ -474,3 +478,55 @@ def test_mtp_heads_need_the_mtp_layer_and_the_source_tensor():
     assert rules_for({"model_type": "deepseek_v32", "num_hidden_layers": 61, "num_nextn_predict_layers": 1}).mtp_heads(
         {"lm_head.weight", "model.layers.61.enorm.weight"}
     ) == []  # V3.2 ships its head: the rule is GLM's
+
+
+def _as_glm5(fixture_copy) -> Path:
+    """The small DeepSeek-V3 fixture as a GLM-5 checkpoint: its second layer is the MTP layer (it has
+    no shared_head.head, as the GLM-5 releases)."""
+    root = fixture_copy("deepseek-v3-fp8")
+    config = json.loads((root / "config.json").read_text())
+    config.update(model_type="glm_moe_dsa", num_hidden_layers=1, num_nextn_predict_layers=1)
+    (root / "config.json").write_text(json.dumps(config))
+    return root
+
+
+def test_a_glm5_package_carries_the_drafter_head_and_verify_accepts_it(fixture_copy, tmp_path):
+    src = _as_glm5(fixture_copy)
+    out = tmp_path / "pkg"
+    result = convert(src, out, ConvertOptions(scheme="w4a8-mxfp-moe"))
+    head = "model.layers.1.shared_head.head.weight"
+    assert result.plan.warnings == []
+    description = json.loads((out / "quant_model_description.json").read_text())
+    assert description[head] == "FLOAT" and description["lm_head.weight"] == "FLOAT"
+    package = {}
+    for shard in sorted(out.glob("quant_model_weights*.safetensors")):
+        package.update(load_shard(shard))
+    source = {}
+    for shard in sorted(src.glob("*.safetensors")):
+        source.update(load_shard(shard))
+    assert package[head] == source["lm_head.weight"]  # dtype, shape and bytes
+    provenance = json.loads((out / "ascendconv_provenance.json").read_text())
+    assert provenance["added_tensors"] == {head: {"source": "lm_head.weight", "reason": GLM_MTP_HEAD_REASON}}
+    report = verify(out, VerifyOptions(source=src))
+    assert report.ok, [c for c in report.checks if not c.ok]
+    # --no-mtp-heads: no copy, a warning, and a package verify still accepts
+    off = tmp_path / "off"
+    result = convert(src, off, ConvertOptions(scheme="w4a8-mxfp-moe", deployment=Deployment(mtp_heads=False)))
+    assert head not in json.loads((off / "quant_model_description.json").read_text())
+    assert len(result.plan.warnings) == 1 and "--no-mtp-heads" in result.plan.warnings[0]
+    assert verify(off, VerifyOptions(source=src)).ok
+
+
+def test_verify_source_finds_a_damaged_head_copy(fixture_copy, tmp_path):
+    src = _as_glm5(fixture_copy)
+    out = tmp_path / "pkg"
+    convert(src, out, ConvertOptions(scheme="w8a8-mxfp8"))
+    head = "model.layers.1.shared_head.head.weight"
+    shard = next(s for s in sorted(out.glob("quant_model_weights*.safetensors")) if head in load_shard(s))
+    tensors = load_shard(shard)
+    dtype, shape, data = tensors[head]
+    tensors[head] = (dtype, shape, bytes([data[0] ^ 0x40]) + data[1:])
+    save_shard(shard, tensors)
+    report = verify(out, VerifyOptions(source=src, checksums=False))
+    source_check = next(c for c in report.checks if c.name == "source")
+    assert not source_check.ok and any(f"{head!r}" in p and "differs from the source copy at byte 0" in p for p in source_check.problems)
