@@ -19,7 +19,7 @@ from ascendconv.cli import app
 from ascendconv.convert import ConvertOptions, convert
 from ascendconv.inspect import inspect_path
 from ascendconv.sources import Source
-from ascendconv.families import GLM_MTP_HEAD_REASON
+from ascendconv.families import DS_V4_MTP_HEAD_REASON, GLM_MTP_HEAD_REASON
 from ascendconv.models import INDEXER_WK_REASON, KV_B_REASON, MTP_REASON, rules_for
 from ascendconv.decide import SCHEMES, Deployment, Override
 from ascendconv.plan import Planner
@@ -45,8 +45,7 @@ PUBLISHED = {
     "minimax-m3": (45_836, 401.92),
     "deepseek-v4-flash-base": (69_187, 272.46),
 }
-# Families the block-FP8 reader opens; DeepSeek-V4's native layout waits for its reader.
-READABLE = [name for name in FAMILIES if name != "deepseek-v4-flash-base"]
+
 
 # Per family: FP8 linears written per type under each scheme at --tp 1. A MoE model's experts are
 # layers x experts x 3; "attention" counts the FP8 attention projections per layer.
@@ -77,11 +76,15 @@ EXPECTED = {
     "glm-5.1": dict(float=78 + 78 + 778, moe_w8=78 * 5 + 3 * 3 + 75 * 3, moe_w4=75 * 256 * 3),
     # 60 layers of q/k/v/o, 57 sparse ones with index_q/index_k, 3 dense MLPs, 57 MoE + shared
     "minimax-m3": dict(float=0, moe_w8=60 * 4 + 57 * 2 + 3 * 3 + 57 * 3, moe_w4=57 * 128 * 3),
+    # 43 layers of attention wq_a, wq_b, wkv, wo_a, wo_b and the shared w1 / w3 / w2, the indexer's
+    # wq_b on the 21 ratio-4 layers, 43 x 256 routed experts; MTP mtp.0 (5 + 3 + 768 + e_proj, h_proj)
+    "deepseek-v4-flash-base": dict(float=5 + 3 + 256 * 3 + 2, moe_w8=43 * 8 + 21, moe_w4=43 * 256 * 3),
 }
 
 MTP_PREFIX = {
     "deepseek-v3": "model.layers.61.", "deepseek-v3.2-exp": "model.layers.61.", "qwen3-next-80b-a3b": "mtp.",
     "qwen3.8-27b": "mtp.", "qwen3.6-35b-a3b": "mtp.", "qwen3.5-397b-a17b": "mtp.", "glm-5.1": "model.layers.78.",
+    "deepseek-v4-flash-base": "mtp.",
 }  # fmt: skip
 
 STRUCTURE = {  # layers, MoE layers (MTP included), routed experts, layers with shared experts, MTP, indexers
@@ -99,6 +102,7 @@ STRUCTURE = {  # layers, MoE layers (MTP included), routed experts, layers with 
     "qwen3.5-397b-a17b": (60, 61, 512, 61, ["mtp"], 0),
     "glm-5.1": (78, 76, 256, 76, ["model.layers.78"], 79),
     "minimax-m3": (60, 57, 128, 57, [], 57),
+    "deepseek-v4-flash-base": (43, 44, 256, 44, ["mtp"], 21),
 }
 
 @pytest.fixture(scope="session")
@@ -152,7 +156,7 @@ def test_generators_match_the_published_totals():
             assert round(family.tensor_bytes / 2**30, 2) == size, name
 
 
-@pytest.mark.parametrize("name", READABLE)
+@pytest.mark.parametrize("name", list(FAMILIES))
 def test_inspect_names_the_structure(family_root, name):
     family = FAMILIES[name]()
     report = inspect_path(family_root(name))
@@ -170,7 +174,7 @@ def test_inspect_names_the_structure(family_root, name):
         assert modules["FLOAT"] == EXPECTED[name]["float"]
 
 
-@pytest.mark.parametrize("name", READABLE)
+@pytest.mark.parametrize("name", list(FAMILIES))
 def test_plan_per_scheme_matches_what_vllm_ascend_loads(planner, name):
     expected = EXPECTED[name]
     plans = {scheme: planner(name).plan(scheme) for scheme in SCHEMES}
@@ -530,3 +534,140 @@ def test_verify_source_finds_a_damaged_head_copy(fixture_copy, tmp_path):
     report = verify(out, VerifyOptions(source=src, checksums=False))
     source_check = next(c for c in report.checks if c.name == "source")
     assert not source_check.ok and any(f"{head!r}" in p and "differs from the source copy at byte 0" in p for p in source_check.problems)
+
+
+# --- DeepSeek-V4-Flash-Base, read by the DeepSeek-V4 source format ------------------------------------
+
+V4 = "deepseek-v4-flash-base"
+V4_HEAD = "mtp.0.head.weight"
+V4_EXPECTED = EXPECTED[V4]
+
+
+def v4_lookup_keys(description: dict) -> dict:
+    """vllm-ascend's description aliases for deepseek_v4, in our words: only when the description
+    holds hc_head_fn, every key also answers with a `model.` prefix, then `.attn.` as `.self_attn.`,
+    `ffn` as `mlp`, `.w1.` / `.w2.` / `.w3.` as gate / down / up_proj, `head` as `lm_head` and `embed`
+    as `embed_tokens`, each step over the keys the steps before made."""
+    keys = dict(description)
+    if "hc_head_fn" not in keys:
+        return keys
+    steps = [
+        lambda k: k if k.startswith("model") else f"model.{k}",
+        lambda k: k.replace(".attn.", ".self_attn.") if "attn" in k and "self_attn" not in k else k,
+        lambda k: k.replace("ffn", "mlp"),
+    ]
+    for step in steps:
+        keys.update({step(k): v for k, v in list(keys.items())})
+
+    def names(k: str) -> str:
+        k = k.replace(".w1.", ".gate_proj.").replace(".w2.", ".down_proj.").replace(".w3.", ".up_proj.")
+        k = k.replace("head", "lm_head") if "head" in k and "lm_head" not in k else k
+        return k.replace("embed", "embed_tokens") if "embed" in k and "embed_tokens" not in k else k
+
+    keys.update({names(k): v for k, v in list(keys.items())})
+    return keys
+
+
+def v4_lookup_problems(description: dict, config: dict) -> list[str]:
+    """The modules vllm-ascend's DeepSeek-V4 model and MTP drafter build, looked up as its loader does:
+    a fused module through its members (one type), a MoE layer through expert 0."""
+    keys = v4_lookup_keys(description)
+    packed = {"gate_up_proj": ("gate_proj", "up_proj"), "experts": ("experts.0.gate_proj", "experts.0.up_proj", "experts.0.down_proj")}
+    problems = []
+
+    def lookup(prefix: str) -> None:
+        last = prefix.rpartition(".")[2]
+        members = [prefix.replace(last, m) for m in packed.get(last, (last,))]
+        labels = [keys.get(f"{m}.weight") for m in members]
+        if None in labels or len(set(labels)) != 1:
+            problems.append(f"{prefix}: {labels}")
+
+    ratios = config["compress_ratios"]
+    for i in range(config["num_hidden_layers"]):
+        a, m = f"model.layers.{i}.self_attn", f"model.layers.{i}.mlp"
+        for name in ("wq_a", "wq_b", "wkv", "wo_a", "wo_b"):
+            lookup(f"{a}.{name}")
+        if ratios[i] == 4:
+            lookup(f"{a}.indexer.wq_b")
+        lookup(f"{m}.shared_experts.gate_up_proj")
+        lookup(f"{m}.shared_experts.down_proj")
+        lookup(f"{m}.experts")
+    lookup("lm_head")
+    lookup("mtp.0.head")  # the drafter's head, built before the target's is shared with it
+    for name in ("wq_a", "wq_b", "wkv", "wo_a", "wo_b"):
+        lookup(f"mtp.0.self_attn.{name}")
+    lookup("mtp.0.mlp.experts")
+    lookup("mtp.0.mlp.shared_experts.gate_up_proj")
+    return problems
+
+
+@pytest.fixture(scope="module")
+def v4_planner(family_root):
+    """Planners over the DeepSeek-V4-Flash-Base copy, one source opened for the module."""
+    source = Source.open(family_root(V4))
+    planners: dict = {}
+
+    def make(deployment: Deployment = Deployment()):
+        if deployment not in planners:
+            planners[deployment] = Planner.for_source(source, deployment)
+        return planners[deployment]
+
+    yield make
+    source.close()
+
+
+def test_deepseek_v4_inspect_says_what_the_package_adds(family_root):
+    report = inspect_path(family_root(V4))  # its structure: test_inspect_names_the_structure
+    assert report.family == "DeepSeek-V4" and report.quantization["scale_dtypes"] == {"F32": 33_024 + 768, "F8_E8M0": 365 + 10}
+    for estimate in report.schemes.values():
+        assert f"adds {V4_HEAD}, a FLOAT copy of head.weight: {DS_V4_MTP_HEAD_REASON}" in estimate.runtime
+
+
+def test_deepseek_v4_every_scheme_and_deployment_plans_what_its_lookup_accepts(v4_planner):
+    config = FAMILIES[V4]().config
+    for tp in (1, 4, 8, 16):
+        for ep in (False, True):
+            for scheme in SCHEMES:
+                plan = v4_planner(Deployment(tp=tp, ep=ep)).plan(scheme)
+                assert plan.fallbacks == [] and plan.warnings == []  # wo_b K/T = 8192/16, w2 2048/16 = 128
+                quantized = V4_EXPECTED["moe_w8"] + V4_EXPECTED["moe_w4"]
+                assert plan.type_counts()["FLOAT"] == V4_EXPECTED["float"] and sum(plan.type_counts().values()) == (
+                    V4_EXPECTED["float"] + quantized
+                )
+                if scheme == "w4a8-mxfp-moe" and tp in (1, 16):
+                    description = plan.description()
+                    assert v4_lookup_problems(description, config) == [], (tp, ep)
+                    assert {label for t, label in description.items() if t.startswith("mtp.")} == {"FLOAT"}
+
+
+def test_deepseek_v4_package_keeps_native_names_and_adds_the_drafter_head(v4_planner):
+    plan = v4_planner().plan("w4a8-mxfp-moe")
+    description = plan.description()
+    assert plan.type_counts() == {"FLOAT": V4_EXPECTED["float"], "W8A8_MXFP8": V4_EXPECTED["moe_w8"], "W4A8_MXFP": V4_EXPECTED["moe_w4"]}
+    # native names in weights and description: hc_head_fn switches vllm-ascend's aliases on
+    assert description["hc_head_fn"] == "FLOAT" and description["head.weight"] == "FLOAT"
+    assert description["layers.7.attn.wq_a.weight"] == "W8A8_MXFP8"
+    assert description["layers.7.ffn.experts.3.w2.weight"] == "W4A8_MXFP"
+    assert not any(name.startswith("model.") for name in description)
+    head = {t.name: t for t in plan.tensors}[V4_HEAD]
+    assert (head.source, head.kind, head.dtype, head.shape) == ("head.weight", "copy", "BF16", (129280, 4096))
+    assert description[V4_HEAD] == "FLOAT"
+    # the shared expert's w1 / w3 are one module for vllm-ascend: an override of one moves both
+    moved = v4_planner().plan("w8a8-mxfp8", overrides=[Override.parse("layers.5.ffn.shared_experts.w1=FLOAT")])
+    assert moved.decisions["layers.5.ffn.shared_experts.w3"].written == "FLOAT"
+    assert v4_lookup_problems(moved.description(), FAMILIES[V4]().config) == []
+    # --no-mtp-heads: no head, and the drafter's lookup fails, as the plan warns
+    off = v4_planner(Deployment(mtp_heads=False)).plan("w4a8-mxfp-moe")
+    assert V4_HEAD not in off.description() and len(off.warnings) == 1
+    assert v4_lookup_problems(off.description(), FAMILIES[V4]().config) == ["mtp.0.head: [None]"]
+
+
+def test_deepseek_v4_dry_run_json(family_root, v4_planner):
+    result = CliRunner().invoke(
+        app, ["convert", str(family_root(V4)), "unused-out", "--scheme", "w4a8-mxfp-moe", "--dry-run", "--json", "--tp", "16"]
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert (data["model_type"], data["warnings"], data["fallbacks"]) == ("deepseek_v4", [], [])
+    assert data["added_tensors"] == {V4_HEAD: {"source": "head.weight", "reason": DS_V4_MTP_HEAD_REASON}}
+    assert data["description"] == v4_planner(Deployment(tp=16)).plan("w4a8-mxfp-moe").description()
