@@ -308,12 +308,13 @@ FAMILIES: tuple[Family, ...] = (
     # The package keeps these names in its weights and description: vllm-ascend's V4 loader renames
     # weights itself, and its description aliases (model. prefix, attn -> self_attn, ffn -> mlp,
     # w1 -> gate_proj, ...) apply only when the description holds the native hc_head_fn
-    # (docs/families.md, "DeepSeek-V4 names").
+    # (docs/families.md, "DeepSeek-V4 names"). A copy re-saved under HF spellings (gate/up/down_proj,
+    # which the V4 loader and vllm-ascend's table also take) follows the same rules.
     Family(
         ("deepseek_v4",),
         "DeepSeek-V4",
-        expert_projections=(W1_W3_W2,),
-        packed=(NATIVE_W1_W3,),
+        expert_projections=(W1_W3_W2, GATE_UP_DOWN),
+        packed=(NATIVE_W1_W3, GATE_UP),
         roots=("",),
         shared_expert_names=("shared_experts",),
         tp=DS_V4_TP,

@@ -235,8 +235,7 @@ VLLM_ASCEND_PACKED = {
         (_MLA, HF_EXPERTS),
     ),
     "deepseek_mtp": (_GATE_UP, HF_EXPERTS),
-    # the table lists the HF spelling; the V4 model's loader maps the native w1 / w3 onto it
-    "deepseek_v4": ({"gate_up_proj": ("w1", "w3")}, NATIVE_EXPERTS),
+    "deepseek_v4": (_GATE_UP, HF_EXPERTS),
     "minimax_m2": (_QKV, NATIVE_EXPERTS),
     "minimax_m3": ({**_QKV, **_GATE_UP}, NATIVE_EXPERTS),
     "minimax_m3_vl": ({**_QKV, **_GATE_UP}, NATIVE_EXPERTS),
@@ -247,9 +246,13 @@ VLLM_ASCEND_PACKED = {
 # Where our table differs, and why (docs/families.md, "Packed groups"): Qwen3-Next's in_proj is
 # never looked up (vLLM builds in_proj_qkvz and in_proj_ba apart; the release keeps in_proj_ba BF16);
 # Qwen2.5-Omni's "attn.qkv" key holds a dot, and the lookup compares last names only, so it never
-# matches; MiniMax-M3's model registers indexer_proj itself.
+# matches; MiniMax-M3's model registers indexer_proj itself; DeepSeek-V4's loader renames the
+# native w1 / w3 / w2 to gate / up / down_proj, so the native spellings pack and route as those.
 NOT_APPLIED = {"qwen3_next": {"in_proj"}, "qwen2_5_omni": {"attn.qkv"}}
-ADDED_BY_THE_MODEL = {"minimax_m3": {"indexer_proj": ("index_q_proj", "index_k_proj")}}
+ADDED_BY_THE_MODEL = {
+    "minimax_m3": ({("indexer_proj", ("index_q_proj", "index_k_proj"))}, ()),
+    "deepseek_v4": ({("gate_up_proj", ("w1", "w3"))}, (NATIVE_EXPERTS,)),
+}
 ADDED_BY_THE_MODEL["minimax_m3_vl"] = ADDED_BY_THE_MODEL["minimax_m3"]
 
 
@@ -258,12 +261,13 @@ def test_every_model_type_vllm_ascend_packs_is_known_with_its_groups(model_type)
     groups, experts = VLLM_ASCEND_PACKED[model_type]
     rules = rules_for({"model_type": model_type})
     assert rules.known and rules.warning is None
-    ours = {fused: members for members, fused in rules.family.packed}
-    want = {f: m for f, m in groups.items() if f not in NOT_APPLIED.get(model_type, set())}
-    assert ours == {**want, **ADDED_BY_THE_MODEL.get(model_type, {})}
-    assert rules.family.expert_projections == ((experts,) if experts else ())
+    ours = {(fused, members) for members, fused in rules.family.packed}
+    want = {(f, m) for f, m in groups.items() if f not in NOT_APPLIED.get(model_type, set())}
+    added_groups, added_experts = ADDED_BY_THE_MODEL.get(model_type, (set(), ()))
+    assert ours == want | added_groups
+    assert set(rules.family.expert_projections) == set(((experts,) if experts else ()) + added_experts)
     # the lookup's view: every member of a group maps to the one fused module
-    for fused, members in ours.items():
+    for fused, members in ours:
         assert {rules.packed_group(f"model.layers.3.block.{m}") for m in members} == {f"model.layers.3.block.{fused}"}
 
 
