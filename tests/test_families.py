@@ -24,7 +24,7 @@ from ascendconv.models import INDEXER_WK_REASON, KV_B_REASON, MTP_REASON, rules_
 from ascendconv.decide import SCHEMES, Deployment, Override
 from ascendconv.plan import Planner
 from ascendconv.verify import VerifyOptions, verify
-from conftest import load_shard, save_shard
+from conftest import FIXTURES, load_shard, save_shard
 from fullscale import FAMILIES, deepseek_v4, deepseek_v4_flash, write_sparse_checkpoint
 
 # Published totals (docs/families.md, "Sources"): tensors, and bytes or GiB rounded to 2 places.
@@ -671,3 +671,27 @@ def test_deepseek_v4_dry_run_json(family_root, v4_planner):
     assert (data["model_type"], data["warnings"], data["fallbacks"]) == ("deepseek_v4", [], [])
     assert data["added_tensors"] == {V4_HEAD: {"source": "head.weight", "reason": DS_V4_MTP_HEAD_REASON}}
     assert data["description"] == v4_planner(Deployment(tp=16)).plan("w4a8-mxfp-moe").description()
+
+
+def test_a_deepseek_v4_package_carries_mtp_0_head_and_verify_accepts_it(tmp_path):
+    """The small DeepSeek-V3 fixture in DeepSeek-V4 spelling (native `.scale`, `head.weight`, its
+    second layer as the MTP layer `mtp.0.`): the package copies head.weight to mtp.0.head.weight."""
+    from test_source_formats import DEEPSEEK, as_ds_v4, respell
+
+    native = as_ds_v4(FIXTURES / DEEPSEEK, tmp_path / "native", "F8_E8M0")
+
+    def rename(name, entry):
+        name = name.replace("model.layers.1.", "mtp.0.")
+        return {"head.weight" if name == "lm_head.weight" else name: entry}
+
+    src = respell(native, tmp_path / "v4", rename, lambda c: {**c, "num_hidden_layers": 1})
+    out = tmp_path / "pkg"
+    result = convert(src, out, ConvertOptions(scheme="w4a8-mxfp-moe"))
+    assert [(a.name, a.source) for a in result.plan.added] == [(V4_HEAD, "head.weight")]
+    description = json.loads((out / "quant_model_description.json").read_text())
+    assert description[V4_HEAD] == "FLOAT" and {v for k, v in description.items() if k.startswith("mtp.0.")} == {"FLOAT"}
+    package = {}
+    for shard in sorted(out.glob("quant_model_weights*.safetensors")):
+        package.update(load_shard(shard))
+    assert package[V4_HEAD] == package["head.weight"]
+    assert verify(out, VerifyOptions(source=src)).ok
