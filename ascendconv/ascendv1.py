@@ -290,6 +290,8 @@ class ProvenanceRecord:
     deployment: dict  # {"tp", "ep", "shared_experts_as_routed"} the plan was made for
     overrides: tuple[str, ...]  # every --override as given, GLOB=TYPE
     command: str  # the convert command that makes this package again (run-only options left out)
+    # tensors the package adds (FLOAT copies the MTP drafter needs): name -> {"source", "reason"}
+    added_tensors: dict[str, dict] = dataclasses.field(default_factory=dict)
 
     def base(self) -> dict:
         """The record as JSON (what a part manifest keeps to write the provenance when assembled)."""
@@ -469,6 +471,18 @@ class Provenance:
         if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
             return None
         return files
+
+    @property
+    def added_tensors(self) -> dict[str, str]:
+        """Tensor the package added -> the source tensor it copies (valid entries only)."""
+        recorded = self.raw.get("added_tensors")
+        if not isinstance(recorded, dict):
+            return {}
+        return {
+            name: entry["source"]
+            for name, entry in recorded.items()
+            if isinstance(name, str) and isinstance(entry, dict) and isinstance(entry.get("source"), str)
+        }
 
     @property
     def source_nonfinite(self) -> dict[str, int]:

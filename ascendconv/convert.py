@@ -23,7 +23,6 @@ from ascendconv.options import KERNELS, ConvertOptions
 from ascendconv.package_files import copied_file_digests, provenance_record, write_package_files, write_plan_files
 from ascendconv.parts import PART_MANIFEST_NAME, part_shards, write_part_manifest
 from ascendconv.pipeline import Kernel, Notice, Progress, write_shards
-from ascendconv.models import tp_role
 from ascendconv.plan import Plan, Planner
 from ascendconv.resume import (
     LEDGER_NAME,
@@ -101,10 +100,10 @@ def check_deployment(source: Source, plan: Plan) -> None:
     kv_heads = kv_head_count(source.config)
     problems = []
     for prefix, decision in sorted(plan.decisions.items()):
-        if tp_role(prefix) in (None, "replicated"):
+        if plan.rules.tp_role(prefix) in (None, "replicated"):
             continue
         n, k = decision.shape
-        problem = split_problem(prefix, decision.written, n, k, plan.facts[prefix].routed, deployment, kv_heads)
+        problem = split_problem(prefix, decision.written, n, k, plan.facts[prefix].routed, deployment, kv_heads, plan.rules)
         if problem:
             problems.append(problem)
     if problems:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from ascendconv.ascendv1 import QUANT_TYPES, RANK, SCHEME_ROWS, SCHEME_TABLE
 from ascendconv.errors import BadOptionError
 from ascendconv.formats.constants import FLOAT
-from ascendconv.models import ModelRules, rules_for, tp_role
+from ascendconv.models import ModelRules, rules_for
 
 if TYPE_CHECKING:  # an annotation only: the CLI imports this module and need not load the source reader
     from ascendconv.sources import SourceLinear
@@ -59,19 +59,26 @@ class Deployment:
     tp: tensor-parallel ranks (row-parallel linears split K over them). ep: expert parallelism
     (routed experts are placed whole on ranks, never split). shared_experts_as_routed: shared
     experts take the routed experts' type and rules (vllm-ascend's mix_placement loads them into the
-    routed experts' tensor).
+    routed experts' tensor). mtp_heads: the package carries the tensors vllm-ascend's MTP drafter
+    looks up and the release lacks (models.ModelRules.mtp_heads), as FLOAT copies.
     """
 
     tp: int = 1
     ep: bool = False
     shared_experts_as_routed: bool = False
+    mtp_heads: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.tp, int) or self.tp < 1:
             raise BadOptionError(f"--tp {self.tp}: the tensor-parallel size must be at least 1")
 
     def to_dict(self) -> dict:
-        return {"tp": self.tp, "ep": self.ep, "shared_experts_as_routed": self.shared_experts_as_routed}
+        return {
+            "tp": self.tp,
+            "ep": self.ep,
+            "shared_experts_as_routed": self.shared_experts_as_routed,
+            "mtp_heads": self.mtp_heads,
+        }
 
 
 def packed_group(prefix: str, rules: ModelRules = GENERIC_RULES) -> str:
@@ -119,14 +126,16 @@ def alignment_problem(quant_type: str, k: int, routed: bool, k_label: str | None
     return QUANT_TYPES[quant_type].k_problem(k, routed, k_label)
 
 
-def rank_k(prefix: str, k: int, routed: bool, deployment: Deployment) -> tuple[int | None, str]:
+def rank_k(
+    prefix: str, k: int, routed: bool, deployment: Deployment, rules: ModelRules = GENERIC_RULES
+) -> tuple[int | None, str]:
     """K as one rank sees it (None if K does not split) and how to say it.
 
     Row-parallel linears split K over the tensor-parallel ranks; with expert parallelism routed
     experts are placed whole, so they keep their K.
     """
     tp = deployment.tp
-    if tp == 1 or tp_role(prefix) != "row" or (routed and deployment.ep):
+    if tp == 1 or rules.tp_role(prefix) != "row" or (routed and deployment.ep):
         return k, f"K={k}"
     if k % tp:
         return None, f"K={k} does not split over --tp {tp} ranks"
@@ -200,7 +209,7 @@ def module_facts(
             shared_in = rules.shared_expert_layer(prefix)
             if shared_in is not None:  # loaded into the routed experts' tensor: one of them
                 routed, group = True, shared_in + ".experts"
-        k, k_label = rank_k(prefix, linear.shape[1], routed, deployment)
+        k, k_label = rank_k(prefix, linear.shape[1], routed, deployment, rules)
         facts[prefix] = ModuleFacts(
             group, routed, rules.default_float(prefix), rules.is_mtp(prefix), k, k_label, linear.native
         )

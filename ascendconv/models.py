@@ -1,14 +1,10 @@
-"""What ascendconv knows about each model family, in one place. Pure: no I/O.
+"""The rules for one checkpoint, from its config.json and its family's entry. Pure: no I/O.
 
-vllm-ascend decides how it loads an AscendV1 package per `model_type` (its modelslim config's
-packed-module mapping, its unquantized-layer rules, vLLM's model files). The rules here are that
-knowledge, written for the converter: which modules the runtime fuses (and so must share a type),
-how routed and shared experts are named, which layers are multi-token-prediction (MTP) layers, which
-modules stay FLOAT by default and why, and how tensor parallelism splits each linear. The source of
-each rule is the comment next to it.
-
-`rules_for(config)` gives the rules of a config.json; a `model_type` not listed gets the generic
-rules (every family's naming at once, any `experts.N.<proj>` is a routed expert) and a warning.
+families.py holds what ascendconv knows about each model family (roots, expert spellings, packed
+groups, tensor-parallel roles, MTP layout, modules kept FLOAT and why, tensors the runtime needs and
+the release lacks); `rules_for(config)` picks the entry by `model_type` and adds what the config says
+(layer count, MTP layers). A `model_type` not listed gets the generic rules (every family's naming
+at once, any `experts.N.<proj>` is a routed expert) and a warning.
 """
 
 from __future__ import annotations
@@ -17,105 +13,24 @@ import re
 from dataclasses import dataclass
 from functools import cached_property
 
-# Projection names of a routed / shared expert, as (gate, up, down): the down projection is the
-# row-parallel one (K is the expert's intermediate size).
-GATE_UP_DOWN = ("gate_proj", "up_proj", "down_proj")
-W1_W3_W2 = ("w1", "w3", "w2")  # MiniMax (Mixtral naming): w1 gate, w3 up, w2 down
+from ascendconv.families import (
+    FAMILIES,
+    GATE_UP_DOWN,
+    GENERIC,
+    INDEXER_WK_REASON,
+    KV_B_REASON,
+    MTP_REASON,
+    VISION_REASON,
+    Family,
+)
 
-# Modules the runtime fuses into one parameter, as (member names, fused name); vllm-ascend's
-# packed_modules_model_mapping lists the same per model_type.
-QKV = (("q_proj", "k_proj", "v_proj"), "qkv_proj")
-GATE_UP = (("gate_proj", "up_proj"), "gate_up_proj")
-MLA_QKV_A = (("q_a_proj", "kv_a_proj_with_mqa"), "fused_qkv_a_proj")  # DeepSeek MLA's down projections
+__all__ = [
+    "FAMILIES", "GATE_UP_DOWN", "GENERIC", "INDEXER_WK_REASON", "KV_B_REASON", "MTP_REASON", "VISION_REASON",
+    "AddedTensor", "Family", "ModelRules", "config_value", "expert_count", "model_type_of", "rules_for",
+]  # fmt: skip
 
-# Why a module stays FLOAT by default (the package then holds its BF16-resolved weight).
-# vllm-ascend's MLA splits kv_b_proj into the absorbed W_UK / W_UV matrices at load, from a float
-# weight (the AscendV1 contract, section 3).
-KV_B_REASON = "kv_b_proj stays FLOAT (vllm-ascend absorbs it into MLA attention)"
-# vLLM's DeepSeek-V3.2 indexer fuses wk with the BF16 weights_proj into one projection built without
-# a quant config; its loader can only upcast an FP8 wk that has a block scale (weight_scale_inv).
-INDEXER_WK_REASON = "indexer.wk stays FLOAT (vLLM fuses it with the BF16 weights_proj, unquantized)"
-# vllm-ascend runs the DeepSeek MTP layer unquantized (its MTP support note: the layer stays
-# bfloat16 and is described FLOAT; its docs: DeepSeek MTP supports only FLOAT); msModelSlim likewise
-# leaves MTP layers unquantized by default. Qwen3-Next's mtp.* gets the same rule (assumed: no public
-# source says how vllm-ascend loads a quantized Qwen3-Next MTP layer).
-MTP_REASON = "MTP layer stays FLOAT (vllm-ascend runs the MTP draft layer unquantized)"
-
-# How vLLM splits each linear over T tensor-parallel ranks, by the module's last name.
-# Row-parallel linears split K (so each type's K rule applies to K/T); column-parallel ones split N.
-ROW_PARALLEL = ("o_proj", "down_proj", "w2", "out_proj")
-COLUMN_PARALLEL = (
-    "q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "w1", "w3", "q_b_proj", "kv_b_proj",
-    "in_proj_qkvz", "in_proj_ba",
-)  # fmt: skip
-# Replicated on every rank: MLA's q_a / kv_a projections (fused_qkv_a_proj) and the V3.2 indexer's
-# projections (ReplicatedLinear in vLLM).
-REPLICATED = ("q_a_proj", "kv_a_proj_with_mqa", "wq_b", "wk")
-
-_LAYER_NUMBER = re.compile(r"^model\.layers\.(\d+)\.")
 EXPERT_COUNT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts")
-
-
-@dataclass(frozen=True)
-class Family:
-    """The static knowledge of one model_type."""
-
-    model_types: tuple[str, ...]
-    label: str
-    expert_projections: tuple[tuple[str, str, str], ...]
-    packed: tuple[tuple[tuple[str, ...], str], ...]
-    shared_expert_names: tuple[str, ...] = ()  # the shared expert's module name under the MoE block
-    float_rules: tuple[tuple[str, str], ...] = ()  # (ending of the module name, reason)
-    mtp_prefix: str | None = None  # top-level prefix of MTP modules (Qwen3-Next: "mtp.")
-    mla: bool = False
-
-
-_DEEPSEEK = dict(
-    expert_projections=(GATE_UP_DOWN,),
-    packed=(GATE_UP, MLA_QKV_A),
-    shared_expert_names=("shared_experts",),
-    mla=True,
-)
-FAMILIES = (
-    # DeepSeek-V3 / R1 / V3.1: MLA, routed + shared experts, MTP layer(s) after the decoder layers.
-    Family(("deepseek_v3",), "DeepSeek-V3 / R1 / V3.1", float_rules=((".kv_b_proj", KV_B_REASON),), **_DEEPSEEK),
-    # DeepSeek-V3.2-Exp adds the lightning indexer (self_attn.indexer.{wq_b,wk,k_norm,weights_proj}).
-    Family(
-        ("deepseek_v32",),
-        "DeepSeek-V3.2-Exp",
-        float_rules=((".kv_b_proj", KV_B_REASON), (".indexer.wk", INDEXER_WK_REASON)),
-        **_DEEPSEEK,
-    ),
-    # Kimi-K2's config says model_type kimi_k2 and loads as DeepseekV3ForCausalLM (no MTP tensors).
-    Family(("kimi_k2",), "Kimi-K2", float_rules=((".kv_b_proj", KV_B_REASON),), **_DEEPSEEK),
-    Family(("qwen3",), "Qwen3 (dense)", expert_projections=(), packed=(QKV, GATE_UP)),
-    Family(("qwen3_moe",), "Qwen3-MoE", expert_projections=(GATE_UP_DOWN,), packed=(QKV, GATE_UP)),
-    # Qwen3-Next: gated DeltaNet linear attention (linear_attn.in_proj_qkvz / in_proj_ba / out_proj),
-    # one shared expert per layer (mlp.shared_expert), MTP modules under the top-level "mtp." prefix.
-    Family(
-        ("qwen3_next",),
-        "Qwen3-Next",
-        expert_projections=(GATE_UP_DOWN,),
-        packed=(QKV, GATE_UP),
-        shared_expert_names=("shared_expert",),
-        mtp_prefix="mtp.",
-    ),
-    # MiniMax-M2: routed experts block_sparse_moe.experts.N.{w1,w3,w2}; vllm-ascend maps the "mlp"
-    # prefix to "block_sparse_moe" and packs experts as w1/w3/w2.
-    Family(("minimax_m2",), "MiniMax-M2", expert_projections=(W1_W3_W2,), packed=(QKV,)),
-)
 _BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
-# Unknown model types: every naming above at once, so any experts.N.<proj> is a routed expert and
-# every known packed set stays packed; MLA's kv_b_proj and the indexer's wk keep their FLOAT rule.
-GENERIC = Family(
-    (),
-    "generic",
-    expert_projections=(GATE_UP_DOWN, W1_W3_W2),
-    packed=(QKV, GATE_UP, MLA_QKV_A),
-    shared_expert_names=("shared_experts", "shared_expert"),
-    float_rules=((".kv_b_proj", KV_B_REASON), (".indexer.wk", INDEXER_WK_REASON)),
-    mtp_prefix="mtp.",
-)
 
 
 def config_value(config: dict, key: str):
@@ -144,6 +59,19 @@ def expert_count(config: dict) -> int | None:
 def _int(config: dict, key: str) -> int | None:
     value = config_value(config, key)
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+@dataclass(frozen=True)
+class AddedTensor:
+    """A tensor the package adds (families.HeadCopy made concrete): `name` is a byte copy of the
+    source tensor `source`, labelled FLOAT."""
+
+    name: str
+    source: str
+    reason: str
+
+    def to_dict(self) -> dict:
+        return {"source": self.source, "reason": self.reason}
 
 
 @dataclass(frozen=True)
@@ -184,17 +112,32 @@ class ModelRules:
         return {member: fused for members, fused in self.family.packed for member in members}
 
     @cached_property
-    def _mtp_layer_prefixes(self) -> tuple[str, ...]:
-        # DeepSeek numbers its MTP layers after the decoder layers: num_hidden_layers onwards, as many
-        # as num_nextn_predict_layers
+    def _mtp_layers(self) -> dict[str, str]:
+        """Prefix ('model.layers.61.') -> label ('model.layers.61') of each MTP layer numbered after
+        the decoder: num_hidden_layers onwards, as many as num_nextn_predict_layers, under each root."""
         if self.num_hidden_layers is None:
-            return ()
+            return {}
         first = self.num_hidden_layers
-        return tuple(f"model.layers.{i}." for i in range(first, first + self.mtp_layer_count))
+        numbers = range(first, first + self.mtp_layer_count)
+        return {f"{root}layers.{i}.": f"{root}layers.{i}" for root in self.family.roots for i in numbers}
+
+    @cached_property
+    def _mtp_match(self) -> re.Pattern | None:
+        if not self._mtp_layers:
+            return None
+        return re.compile("|".join(re.escape(p) for p in sorted(self._mtp_layers, key=len, reverse=True)))
 
     @cached_property
     def _roles(self) -> dict[str, str]:
         return {proj: GATE_UP_DOWN[i] for names in self.family.expert_projections for i, proj in enumerate(names)}
+
+    @cached_property
+    def _tp(self) -> dict[str, list[tuple[str, str]]]:
+        """Last name -> (dotted ending, role), longest ending first."""
+        table: dict[str, list[tuple[str, str]]] = {}
+        for ending, role in self.family.tp:
+            table.setdefault(ending.rpartition(".")[2], []).append(("." + ending, role))
+        return {last: sorted(rows, key=lambda row: -len(row[0])) for last, rows in table.items()}
 
     def expert_role(self, proj: str) -> str:
         """A routed expert's projection as gate_proj / up_proj / down_proj, whatever the family names it."""
@@ -216,9 +159,8 @@ class ModelRules:
         """The MTP layer a tensor or module belongs to ('model.layers.61', 'mtp'), or None."""
         if self.family.mtp_prefix and name.startswith(self.family.mtp_prefix):
             return self.family.mtp_prefix.rstrip(".")
-        if self._mtp_layer_prefixes and name.startswith(self._mtp_layer_prefixes):
-            return name[: _LAYER_NUMBER.match(name).end() - 1]
-        return None
+        match = self._mtp_match.match(name) if self._mtp_match else None
+        return self._mtp_layers[match[0]] if match else None
 
     def packed_group(self, prefix: str) -> str:
         """The group a module's type is decided with: a whole MoE layer, a packed set, or itself."""
@@ -229,26 +171,51 @@ class ModelRules:
         fused = self._packed.get(last)
         return f"{base}.{fused}" if fused else prefix
 
+    def indexer_of(self, prefix: str) -> str | None:
+        """The attention module ('model.layers.3.self_attn') whose indexer `prefix` is or belongs to."""
+        name = self.family.indexer
+        if not name:
+            return None
+        head, sep, _ = prefix.partition(f".{name}.")
+        if sep:
+            return head
+        return prefix[: -len(name) - 1] if prefix.endswith("." + name) else None
+
+    def tp_role(self, prefix: str) -> str | None:
+        """'row', 'column' or 'replicated': how vLLM splits the linear over tensor-parallel ranks."""
+        dotted = "." + prefix
+        for ending, role in self._tp.get(prefix.rpartition(".")[2], ()):
+            if dotted.endswith(ending):
+                return role
+        return None
+
     def default_float(self, prefix: str) -> str | None:
         """Why the module stays FLOAT unless overridden, or None."""
         if self.is_mtp(prefix):
             return MTP_REASON
+        if self.family.float_roots and prefix.startswith(self.family.float_roots):
+            return VISION_REASON
         for ending, reason in self.family.float_rules:
             if prefix.endswith(ending):
                 return reason
         return None
 
-
-def tp_role(prefix: str) -> str | None:
-    """'row', 'column' or 'replicated': how vLLM splits the linear over tensor-parallel ranks."""
-    last = prefix.rpartition(".")[2]
-    if last in ROW_PARALLEL:
-        return "row"
-    if last in COLUMN_PARALLEL:
-        return "column"
-    if last in REPLICATED:
-        return "replicated"
-    return None
+    def mtp_heads(self, names) -> list[AddedTensor]:
+        """The tensors the package adds for the MTP drafter (families.HeadCopy): each whose source
+        tensor is among `names`, whose own name is not, and whose MTP layer the source holds."""
+        if not self.family.mtp_heads:
+            return []
+        layers = {self.mtp_label(name) for name in names} - {None}
+        added = []
+        for head in self.family.mtp_heads:
+            targets = [head.target]
+            if "{n}" in head.target:
+                first = self.num_hidden_layers or 0
+                targets = [head.target.format(n=i) for i in range(first, first + self.mtp_layer_count)]
+            for target in targets:
+                if head.source in names and target not in names and self.mtp_label(target) in layers:
+                    added.append(AddedTensor(target, head.source, head.reason))
+        return added
 
 
 def rules_for(config: dict | None) -> ModelRules:

@@ -158,6 +158,7 @@ def provenance_record(source: Source, plan: Plan, kernel: str, options: ConvertO
         },
         overrides=tuple(f"{o.glob}={o.quant_type}" for o in options.overrides),
         command=convert_command(f"{repo[0]}@{repo[1]}" if repo else source.root.name, options),
+        added_tensors={added.name: added.to_dict() for added in plan.added},
     )
 
 
@@ -183,6 +184,7 @@ def convert_command(source: str, options: ConvertOptions) -> str:
     if deployment.tp != 1:
         words += ["--tp", str(deployment.tp)]
     words += ["--ep"] * deployment.ep + ["--shared-experts-as-routed"] * deployment.shared_experts_as_routed
+    words += ["--no-mtp-heads"] * (not deployment.mtp_heads)
     return shlex.join(words)
 
 

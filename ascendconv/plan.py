@@ -27,6 +27,7 @@ from ascendconv.decide import (
     ModuleDecision,
     ModuleFacts,
     Override,
+    best_feasible,
     decide_modules,
     group_members,
     module_facts,
@@ -38,7 +39,7 @@ from ascendconv.formats.constants import FLOAT, RESOLVE_DTYPES, transform_for
 from ascendconv.io.safetensors import TensorEntry
 from ascendconv.io.writer import TensorSpec
 from ascendconv.sources import Source, SourceLinear
-from ascendconv.models import ModelRules, rules_for
+from ascendconv.models import AddedTensor, ModelRules, rules_for
 
 
 # Files of the source directory never carried into the package: weights in any format, and the
@@ -116,6 +117,10 @@ class Plan:
     deployment: Deployment = Deployment()
     facts: dict[str, ModuleFacts] = field(default_factory=dict)  # per source linear, as decided with
     unmatched_overrides: list[str] = field(default_factory=list)  # --override globs that match no linear
+    # tensors the package adds for the MTP drafter (COPY tensors named apart from their source), and
+    # the ones the drafter needs that --no-mtp-heads leaves out
+    added: list[AddedTensor] = field(default_factory=list)
+    heads_left_out: list[AddedTensor] = field(default_factory=list)
 
     @property
     def warnings(self) -> list[str]:
@@ -125,6 +130,40 @@ class Plan:
             warnings.append(f"{mtp} MTP modules quantized by --override: vllm-ascend expects the MTP layer FLOAT")
         if self.unmatched_overrides:  # allowed by --allow-unmatched-override, or convert would refuse
             warnings.append(f"--override {', '.join(self.unmatched_overrides)}: matches no linear of the source")
+        for head in self.heads_left_out:
+            warnings.append(
+                f"{head.name} is not in the source and --no-mtp-heads leaves it out: vllm-ascend's MTP drafter "
+                f"looks it up at construction, so speculative decoding with MTP will not load ({head.reason})"
+            )
+        warnings += self.tp_growth_warnings()
+        return warnings
+
+    def tp_growth_warnings(self) -> list[str]:
+        """Deployment advice: routed experts that fall back only because --tp splits their K (they
+        would keep their requested type placed whole, as --ep does), and what that costs in bytes."""
+        if self.deployment.tp == 1 or self.deployment.ep:
+            return []
+        grown: dict[tuple[str, str], list[int]] = {}  # (requested, written) -> [linears, extra bytes]
+        layers: dict[tuple[str, str], set[str]] = {}
+        for decision in self.fallbacks:
+            fact = self.facts[decision.module]
+            n, k = decision.shape
+            if not fact.routed or best_feasible(decision.requested, k, True)[0] != decision.requested:
+                continue
+            key = (decision.requested, decision.written)
+            row = grown.setdefault(key, [0, 0])
+            row[0] += 1
+            row[1] += linear_bytes(decision.written, n, k) - linear_bytes(decision.requested, n, k)
+            layers.setdefault(key, set()).add(decision.group)
+        warnings = []
+        for (requested, written), (count, extra) in grown.items():
+            before = self.bytes_out - extra
+            warnings.append(
+                f"--tp {self.deployment.tp} splits the routed experts' K below what {requested} accepts: {count} expert "
+                f"linears in {len(layers[(requested, written)])} MoE layers are written {written}, and the package "
+                f"grows by {extra / 1e9:.1f} GB ({before / 1e9:.1f} GB -> {self.bytes_out / 1e9:.1f} GB, "
+                f"{self.bytes_out / before:.2f}x); with --ep vLLM places experts whole and they stay {requested}"
+            )
         return warnings
 
     def kept_float(self) -> dict[str, int]:
@@ -218,10 +257,20 @@ class Plan:
             "bytes_out": self.bytes_out,
             "fallbacks": [d.to_dict() for d in self.fallbacks],
             "kept_float": self.kept_float(),
+            "added_tensors": {added.name: added.to_dict() for added in self.added},
             "shards": [{"file": s.file, "tensors": len(s.tensors), "bytes": s.nbytes} for s in self.shards],
             "copied_files": self.copied_files,
             "skipped_files": self.skipped_files,
         }
+
+
+def linear_bytes(quant_type: str, n: int, k: int) -> int:
+    """Bytes of an [N, K] source linear written as `quant_type`: BF16 when FLOAT, else payload + scales."""
+    if quant_type == FLOAT:
+        return 2 * n * k
+    quant = QUANT_TYPES[quant_type]
+    weight, scale = quant.weight_shape(n, k), quant.scale_shape(n, k)
+    return weight[0] * weight[1] + (scale[0] * scale[1] if scale else 0)
 
 
 def source_layout(tensors: dict[str, TensorEntry], linears: dict[str, SourceLinear]) -> list[tuple]:
@@ -245,8 +294,10 @@ def output_tensors(
     linears: dict[str, SourceLinear],
     decisions: dict[str, ModuleDecision],
     layout: list | None = None,
+    added: list[AddedTensor] = (),
 ) -> list[OutputTensor]:
-    """Every package tensor, in source order so that reading the source stays sequential."""
+    """Every package tensor, in source order so that reading the source stays sequential, then the
+    tensors the package adds (byte copies of a source tensor under another name)."""
     copied = {prefix: linear.copied_when_float for prefix, linear in linears.items()}
     out: list[OutputTensor] = []
     add = out.append
@@ -275,6 +326,9 @@ def output_tensors(
         add(OutputTensor(weight, quant.weight_dtype, shape, written, kind, name, shape[0] * shape[1], transform=transform))
         scale = quant.scale_shape(n, k)
         add(OutputTensor(prefix + ".weight_scale", "U8", scale, written, OutputKind.MX_SCALE, name, scale[0] * scale[1]))
+    for extra in added:
+        entry = tensors[extra.source]
+        add(OutputTensor(extra.name, entry.dtype, entry.shape, FLOAT, OutputKind.COPY, extra.source, entry.nbytes))
     return out
 
 
@@ -350,6 +404,8 @@ class Planner:
         self.facts = module_facts(linears, self.rules, self.deployment)
         self.groups = group_members(self.facts)
         self.layout = source_layout(tensors, linears)
+        heads = self.rules.mtp_heads(tensors)
+        self.added, self.heads_left_out = (heads, []) if self.deployment.mtp_heads else ([], heads)
 
     @classmethod
     def for_source(cls, source: Source, deployment: Deployment) -> Planner:
@@ -380,7 +436,7 @@ class Planner:
             raise BadOptionError("--max-shard-size must not be negative")
         decisions = decide_modules(self.linears, scheme, overrides or [], self.facts, self.groups)
         placed, shards = assign_shards(
-            output_tensors(self.tensors, self.linears, decisions, self.layout), max_shard_size
+            output_tensors(self.tensors, self.linears, decisions, self.layout, self.added), max_shard_size
         )
         return Plan(
             scheme=scheme,
@@ -399,6 +455,8 @@ class Planner:
             unmatched_overrides=[
                 f"{o.glob}={o.quant_type}" for o in overrides or [] if not any(fnmatch.fnmatchcase(m, o.glob) for m in self.linears)
             ],
+            added=list(self.added),
+            heads_left_out=list(self.heads_left_out),
         )
 
 

@@ -10,25 +10,42 @@ Expected counts are derived from each architecture, not copied from a run.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from ascendconv.cli import app
+from ascendconv.convert import ConvertOptions, convert
 from ascendconv.inspect import inspect_path
 from ascendconv.sources import Source
-from ascendconv.models import INDEXER_WK_REASON, KV_B_REASON, MTP_REASON
-from ascendconv.decide import SCHEMES, Deployment
+from ascendconv.families import DS_V4_MTP_HEAD_REASON, GLM_MTP_HEAD_REASON
+from ascendconv.models import INDEXER_WK_REASON, KV_B_REASON, MTP_REASON, rules_for
+from ascendconv.decide import SCHEMES, Deployment, Override
 from ascendconv.plan import Planner
-from fullscale import FAMILIES, write_sparse_checkpoint
+from ascendconv.verify import VerifyOptions, verify
+from conftest import FIXTURES, load_shard, save_shard
+from fullscale import FAMILIES, deepseek_v4, deepseek_v4_flash, write_sparse_checkpoint
 
-# Published totals (model-families.md): tensors, and bytes or GiB rounded to 2 places.
+# Published totals (docs/families.md, "Sources"): tensors, and bytes or GiB rounded to 2 places.
+# The 2026 figures: Qwen3.8-27B 28.75 GiB (the tensor count and exact bytes of a layout built from
+# its published facts: 1,606 and 30,866,663,264); Qwen3.6-35B-A3B 64,196 tensors, "37.5 GB"
+# (37,454,789,472 from its facts); GLM-5.1 "about 750 GB" (119,028 tensors and 756 GB from its
+# facts with F32 scales); DeepSeek-V4-Flash-Base 69,187 tensors (V4-Flash's count: same layout),
+# 292.55 GB assumed; Qwen3.5-397B and MiniMax-M3 have no published total (counts from their facts).
 PUBLISHED = {
     "deepseek-v3": (91_991, 688_574_839_360),
     "kimi-k2": (139_644, 958.49),
     "qwen3-30b-a3b": (37_491, 29.03),
     "minimax-m2": (96_103, 214.32),
+    "qwen3.8-27b": (1_606, 30_866_663_264),
+    "qwen3.6-35b-a3b": (64_196, 37_454_789_472),
+    "qwen3.5-397b-a17b": (189_042, 378.23),
+    "glm-5.1": (119_028, 704.23),
+    "minimax-m3": (45_836, 401.92),
+    "deepseek-v4-flash-base": (69_187, 272.46),
 }
+
 
 # Per family: FP8 linears written per type under each scheme at --tp 1. A MoE model's experts are
 # layers x experts x 3; "attention" counts the FP8 attention projections per layer.
@@ -48,9 +65,27 @@ EXPECTED = {
     "qwen3-next-80b-a3b": dict(float=1543, moe_w8=12 * 4 + 36 * 2 + 48 * 3, moe_w4=48 * 512 * 3),
     "qwen3-32b": dict(float=0, moe_w8=64 * 7, moe_w4=0),
     "minimax-m2": dict(float=0, moe_w8=62 * 4, moe_w4=62 * 256 * 3),
+    # 48 DeltaNet layers (in_proj_qkv, in_proj_z, out_proj) + 16 full-attention (q/k/v/o) + 64 MLPs;
+    # mtp.layers.0 (4 + 3) FLOAT
+    "qwen3.8-27b": dict(float=7, moe_w8=48 * 3 + 16 * 4 + 64 * 3, moe_w4=0),
+    # 30 DeltaNet + 10 full-attention layers, a shared expert each; mtp.layers.0 (4 + 768 + 3) FLOAT
+    "qwen3.6-35b-a3b": dict(float=775, moe_w8=30 * 3 + 10 * 4 + 40 * 3, moe_w4=40 * 256 * 3),
+    "qwen3.5-397b-a17b": dict(float=1543, moe_w8=45 * 3 + 15 * 4 + 60 * 3, moe_w4=60 * 512 * 3),
+    # 78 layers: attention (q_a, q_b, kv_a, o) + indexer.wq_b, 3 dense, 75 MoE + shared; kv_b and
+    # indexer.wk FLOAT per layer; MTP layer 78 (7 + 768 + 3) FLOAT
+    "glm-5.1": dict(float=78 + 78 + 778, moe_w8=78 * 5 + 3 * 3 + 75 * 3, moe_w4=75 * 256 * 3),
+    # 60 layers of q/k/v/o, 57 sparse ones with index_q/index_k, 3 dense MLPs, 57 MoE + shared
+    "minimax-m3": dict(float=0, moe_w8=60 * 4 + 57 * 2 + 3 * 3 + 57 * 3, moe_w4=57 * 128 * 3),
+    # 43 layers of attention wq_a, wq_b, wkv, wo_a, wo_b and the shared w1 / w3 / w2, the indexer's
+    # wq_b on the 21 ratio-4 layers, 43 x 256 routed experts; MTP mtp.0 (5 + 3 + 768 + e_proj, h_proj)
+    "deepseek-v4-flash-base": dict(float=5 + 3 + 256 * 3 + 2, moe_w8=43 * 8 + 21, moe_w4=43 * 256 * 3),
 }
 
-MTP_PREFIX = {"deepseek-v3": "model.layers.61.", "deepseek-v3.2-exp": "model.layers.61.", "qwen3-next-80b-a3b": "mtp."}
+MTP_PREFIX = {
+    "deepseek-v3": "model.layers.61.", "deepseek-v3.2-exp": "model.layers.61.", "qwen3-next-80b-a3b": "mtp.",
+    "qwen3.8-27b": "mtp.", "qwen3.6-35b-a3b": "mtp.", "qwen3.5-397b-a17b": "mtp.", "glm-5.1": "model.layers.78.",
+    "deepseek-v4-flash-base": "mtp.",
+}  # fmt: skip
 
 STRUCTURE = {  # layers, MoE layers (MTP included), routed experts, layers with shared experts, MTP, indexers
     "deepseek-v3": (61, 59, 256, 59, ["model.layers.61"], 0),
@@ -62,6 +97,12 @@ STRUCTURE = {  # layers, MoE layers (MTP included), routed experts, layers with 
     "qwen3-next-80b-a3b": (48, 49, 512, 49, ["mtp"], 0),
     "qwen3-32b": (64, 0, 0, 0, [], 0),
     "minimax-m2": (62, 62, 256, 0, [], 0),
+    "qwen3.8-27b": (64, 0, 0, 0, ["mtp"], 0),
+    "qwen3.6-35b-a3b": (40, 41, 256, 41, ["mtp"], 0),
+    "qwen3.5-397b-a17b": (60, 61, 512, 61, ["mtp"], 0),
+    "glm-5.1": (78, 76, 256, 76, ["model.layers.78"], 79),
+    "minimax-m3": (60, 57, 128, 57, [], 57),
+    "deepseek-v4-flash-base": (43, 44, 256, 44, ["mtp"], 21),
 }
 
 @pytest.fixture(scope="session")
@@ -269,3 +310,410 @@ def test_dry_run_json(family_root, name):
             assert label == "FLOAT", tensor
         elif ".experts." in tensor:
             assert label == "W4A8_MXFP", tensor
+
+
+# --- the 2026 families --------------------------------------------------------------------------------
+
+NEW_2026 = ["qwen3.8-27b", "qwen3.6-35b-a3b", "qwen3.5-397b-a17b", "glm-5.1", "minimax-m3"]
+# The packed groups vllm-ascend fuses for each (fused name -> members), in our words: a description
+# must give every member of one of them the same type.
+LOOKUP_GROUPS = {
+    "qwen3.8-27b": {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj"),
+                    "in_proj_qkvz": ("in_proj_qkv", "in_proj_z"), "in_proj_ba": ("in_proj_b", "in_proj_a")},
+    "glm-5.1": {"gate_up_proj": ("gate_proj", "up_proj"), "fused_qkv_a_proj": ("q_a_proj", "kv_a_proj_with_mqa")},
+    "minimax-m3": {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj"),
+                   "indexer_proj": ("index_q_proj", "index_k_proj")},
+}  # fmt: skip
+LOOKUP_GROUPS["qwen3.6-35b-a3b"] = LOOKUP_GROUPS["qwen3.5-397b-a17b"] = LOOKUP_GROUPS["qwen3.8-27b"]
+VISION = {"qwen3.8-27b": "model.visual.", "qwen3.6-35b-a3b": "model.visual.", "qwen3.5-397b-a17b": "model.visual.",
+          "minimax-m3": "vision_tower."}  # fmt: skip
+GLM_HEAD = "model.layers.78.shared_head.head.weight"
+
+
+def lookup_problems(description: dict, groups: dict) -> list[str]:
+    """vllm-ascend's lookup replayed over a description: a fused module takes its type from its
+    members, which must all be described and agree; a MoE layer's experts share one type."""
+    problems = []
+    members_of = {m: (fused, members) for fused, members in groups.items() for m in members}
+    seen = set()
+    for name in description:
+        if not name.endswith(".weight"):
+            continue
+        base, _, last = name[: -len(".weight")].rpartition(".")
+        if last in members_of and (base, members_of[last][0]) not in seen:
+            fused, members = members_of[last]
+            seen.add((base, fused))
+            labels = {description.get(f"{base}.{m}.weight") for m in members}
+            if len(labels) != 1 or None in labels:
+                problems.append(f"{base}.{fused}: {sorted(map(str, labels))}")
+    experts: dict[str, set] = {}
+    for name, label in description.items():
+        if ".experts." in name and name.endswith(".weight"):
+            experts.setdefault(name.partition(".experts.")[0], set()).add(label)
+    problems += [f"{layer}.experts: {sorted(labels)}" for layer, labels in experts.items() if len(labels) > 1]
+    return problems
+
+
+@pytest.mark.parametrize("name", NEW_2026)
+def test_every_scheme_and_deployment_plans_a_package_the_lookup_accepts(planner, name):
+    """Every scheme at --tp 1/4/8/16, with and without --ep: known rules (no generic warning), MTP and
+    vision FLOAT, each packed group of one type in the description, and fallbacks only where K/T
+    leaves no type (then the warning says what --tp costs and that --ep keeps the experts)."""
+    mtp, vision = MTP_PREFIX.get(name, "(no MTP)"), VISION.get(name, "(no vision)")
+    for tp in (1, 4, 8, 16):
+        for ep in (False, True):
+            for scheme in SCHEMES:
+                plan = planner(name, Deployment(tp=tp, ep=ep)).plan(scheme)
+                by_group: dict[str, set] = {}
+                for decision in plan.decisions.values():
+                    by_group.setdefault(decision.group, set()).add(decision.written)
+                assert all(len(types) == 1 for types in by_group.values()), (tp, ep, scheme)
+                if scheme == "w4a8-mxfp-moe" and tp in (1, 16):  # the lookup replayed over the whole description
+                    description = plan.description()
+                    assert lookup_problems(description, LOOKUP_GROUPS[name]) == [], (tp, ep, scheme)
+                    assert {label for t, label in description.items() if t.startswith((mtp, vision))} <= {"FLOAT"}
+                assert {t.quant_type for t in plan.tensors if t.name.startswith((mtp, vision))} <= {"FLOAT"}
+                routed_fallbacks = [d for d in plan.fallbacks if ".experts." in d.module]
+                growth = [w for w in plan.warnings if "--ep" in w]
+                assert bool(growth) == bool(routed_fallbacks) and len(plan.warnings) == len(growth) <= 1
+                if ep:
+                    assert routed_fallbacks == []
+                added = {t.name for t in plan.tensors if t.kind == "copy" and t.name != t.source}
+                assert added == ({GLM_HEAD} if name == "glm-5.1" else set())
+
+
+def test_qwen3_6_at_tp_16_says_what_the_package_grows_and_that_ep_keeps_the_experts(planner):
+    plan = planner("qwen3.6-35b-a3b", Deployment(tp=16)).plan("w4a8-mxfp-moe")
+    # 30,720 expert linears of 512 x 2048: BF16 2 x 1,048,576 B instead of W4A8's 524,288 + 32,768 B each
+    extra = 30_720 * (2 * 512 * 2048 - (512 * 1024 + 512 * 64))
+    assert plan.bytes_out - extra == planner("qwen3.6-35b-a3b", Deployment(tp=16, ep=True)).plan("w4a8-mxfp-moe").bytes_out
+    assert plan.warnings == [
+        "--tp 16 splits the routed experts' K below what W4A8_MXFP accepts: 30720 expert linears in 40 MoE layers "
+        f"are written FLOAT, and the package grows by {extra / 1e9:.1f} GB ({(plan.bytes_out - extra) / 1e9:.1f} GB -> "
+        f"{plan.bytes_out / 1e9:.1f} GB, {plan.bytes_out / (plan.bytes_out - extra):.2f}x); with --ep vLLM places "
+        "experts whole and they stay W4A8_MXFP"
+    ]
+    assert int(plan.bytes_out / 1e9) == 70  # from a 37.5 GB source: the issue's figure
+
+
+@pytest.mark.parametrize(
+    "name, override, partner",
+    [
+        ("qwen3.8-27b", "*.layers.0.linear_attn.in_proj_z=FLOAT", "model.language_model.layers.0.linear_attn.in_proj_qkv"),
+        ("qwen3.8-27b", "*.layers.3.self_attn.k_proj=FLOAT", "model.language_model.layers.3.self_attn.v_proj"),
+        ("minimax-m3", "*.layers.5.self_attn.index_k_proj=FLOAT", "language_model.model.layers.5.self_attn.index_q_proj"),
+        ("glm-5.1", "*.layers.9.self_attn.q_a_proj=FLOAT", "model.layers.9.self_attn.kv_a_proj_with_mqa"),
+    ],
+)
+def test_packed_groups_hold_under_an_override_of_one_member(planner, name, override, partner):
+    plan = planner(name).plan("w8a8-mxfp8", overrides=[Override.parse(override)])
+    decision = plan.decisions[partner]
+    assert (decision.requested, decision.written) == ("W8A8_MXFP8", "FLOAT")
+    assert decision.reason.startswith("packed with ") and decision.reason.endswith(f"requested as FLOAT (--override {override})")
+    assert lookup_problems(plan.description(), LOOKUP_GROUPS[name]) == []
+
+
+def test_glm_5_plan_adds_the_mtp_head_as_a_float_copy_of_lm_head(planner, family_root):
+    plan = planner("glm-5.1").plan("w4a8-mxfp-moe")
+    head = {t.name: t for t in plan.tensors}[GLM_HEAD]
+    assert (head.source, head.kind, head.dtype, head.shape, head.quant_type) == ("lm_head.weight", "copy", "BF16", (154880, 6144), "FLOAT")
+    assert plan.description()[GLM_HEAD] == "FLOAT"
+    assert plan.to_dict()["added_tensors"] == {GLM_HEAD: {"source": "lm_head.weight", "reason": GLM_MTP_HEAD_REASON}}
+    assert plan.warnings == []
+    # --no-mtp-heads: not added, and the plan says the drafter will not load
+    off = planner("glm-5.1", Deployment(mtp_heads=False)).plan("w4a8-mxfp-moe")
+    assert GLM_HEAD not in off.description() and off.bytes_out == plan.bytes_out - 154880 * 6144 * 2
+    assert len(off.warnings) == 1 and off.warnings[0].startswith(f"{GLM_HEAD} is not in the source and --no-mtp-heads")
+    # inspect of the source says it for every scheme
+    report = inspect_path(family_root("glm-5.1"))
+    for estimate in report.schemes.values():
+        assert f"adds {GLM_HEAD}, a FLOAT copy of lm_head.weight: {GLM_MTP_HEAD_REASON}" in estimate.runtime
+
+
+@pytest.mark.parametrize("name", NEW_2026)
+def test_dry_run_json_of_the_2026_families(family_root, planner, name):
+    """The CLI's dry run: the rules of the family, no warning, and the description the planner makes
+    (what convert would write), with the MTP head added for GLM-5 and said in `added_tensors`."""
+    result = CliRunner().invoke(
+        app, ["convert", str(family_root(name)), "unused-out", "--scheme", "w4a8-mxfp-moe", "--dry-run", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["model_type"] in {"qwen3_5", "qwen3_5_moe", "glm_moe_dsa", "minimax_m3_vl"}
+    assert data["warnings"] == [] and data["fallbacks"] == [] and data["mtp_heads"] is True
+    assert {t: n for t, n in data["modules"].items() if n} == {
+        t: n for t, n in (("FLOAT", EXPECTED[name]["float"]), ("W8A8_MXFP8", EXPECTED[name]["moe_w8"]),
+                          ("W4A8_MXFP", EXPECTED[name]["moe_w4"])) if n
+    }
+    assert data["description"] == planner(name).plan("w4a8-mxfp-moe").description()
+    assert data["added_tensors"] == ({GLM_HEAD: {"source": "lm_head.weight", "reason": GLM_MTP_HEAD_REASON}}
+                                     if name == "glm-5.1" else {})
+
+
+def test_deepseek_v4_flash_matches_its_published_bytes_and_mtp_count():
+    """V4-Flash shares the Base's layout with MXFP4 experts: its published exact size checks the
+    layout the Base copy is built from."""
+    flash = deepseek_v4_flash()
+    assert (len(flash.tensors), flash.tensor_bytes) == (69_187, 159_609_485_896)
+    assert sum(1 for t in flash.tensors if t[0].startswith("mtp.0.")) == 1_575
+    assert "mtp.0.head.weight" not in {t[0] for t in flash.tensors}
+
+
+def test_qwen3_6_counts_match_the_published_breakdown():
+    names = [t[0] for t in FAMILIES["qwen3.6-35b-a3b"]().tensors]
+    assert sum(1 for n in names if n.startswith("mtp.")) == 1_560
+    assert sum(1 for n in names if n.startswith("model.visual.")) == 333
+    body = [n for n in names if not n.startswith("mtp.")]
+    assert sum(1 for n in body if ".experts." in n and n.endswith(".weight")) == 30_720
+    assert sum(1 for n in body if ".experts." not in n and n.endswith(".weight_scale_inv")) == 250
+
+
+def test_deepseek_v4_rules_on_the_native_names():
+    """The DeepSeek-V4 entry on the names of its header-only copy (the reader of that layout is
+    another module): experts, shared experts, packed w1/w3, tp roles, MTP, indexers, the head."""
+    family = deepseek_v4()
+    names = {t[0] for t in family.tensors}
+    rules = rules_for(family.config)
+    assert rules.family.label == "DeepSeek-V4" and rules.warning is None
+    expert = rules.routed_expert("layers.7.ffn.experts.255.w2")
+    assert (expert["layer"], expert["expert"], rules.expert_role(expert["proj"])) == ("layers.7.ffn", "255", "down_proj")
+    assert rules.shared_expert_layer("layers.7.ffn.shared_experts.w1") == "layers.7.ffn"
+    assert rules.packed_group("layers.7.ffn.shared_experts.w3") == "layers.7.ffn.shared_experts.gate_up_proj"
+    assert rules.packed_group("layers.7.ffn.experts.3.w1") == "layers.7.ffn.experts"
+    roles = {m: rules.tp_role(m) for m in ("layers.7.attn.wo_b", "layers.7.attn.wo_a", "layers.7.attn.wq_b",
+                                            "layers.7.attn.indexer.wq_b", "layers.7.attn.wq_a", "layers.7.ffn.experts.3.w2",
+                                            "mtp.0.e_proj", "head")}  # fmt: skip
+    assert roles == {"layers.7.attn.wo_b": "row", "layers.7.attn.wo_a": "column", "layers.7.attn.wq_b": "column",
+                     "layers.7.attn.indexer.wq_b": "replicated", "layers.7.attn.wq_a": "replicated",
+                     "layers.7.ffn.experts.3.w2": "row", "mtp.0.e_proj": "replicated", "head": None}  # fmt: skip
+    assert rules.default_float("mtp.0.ffn.experts.3.w1") == MTP_REASON and rules.default_float("layers.7.attn.wq_b") is None
+    assert rules.mtp_label("mtp.0.e_proj.weight") == "mtp"
+    assert len({rules.indexer_of(n) for n in names} - {None}) == 21  # the ratio-4 layers
+    # the drafter's head: added from head.weight, only where the source lacks it
+    assert [(a.name, a.source) for a in rules.mtp_heads(names)] == [("mtp.0.head.weight", "head.weight")]
+    assert rules.mtp_heads(names | {"mtp.0.head.weight"}) == []
+
+
+def test_mtp_heads_need_the_mtp_layer_and_the_source_tensor():
+    glm = rules_for(FAMILIES["glm-5.1"]().config)
+    assert [a.name for a in glm.mtp_heads({"lm_head.weight", "model.layers.78.enorm.weight"})] == [GLM_HEAD]
+    assert glm.mtp_heads({"lm_head.weight", "model.layers.77.enorm.weight"}) == []  # no MTP layer in the source
+    assert glm.mtp_heads({"model.layers.78.enorm.weight"}) == []  # nothing to copy
+    assert rules_for({"model_type": "deepseek_v32", "num_hidden_layers": 61, "num_nextn_predict_layers": 1}).mtp_heads(
+        {"lm_head.weight", "model.layers.61.enorm.weight"}
+    ) == []  # V3.2 ships its head: the rule is GLM's
+
+
+def _as_glm5(fixture_copy) -> Path:
+    """The small DeepSeek-V3 fixture as a GLM-5 checkpoint: its second layer is the MTP layer (it has
+    no shared_head.head, as the GLM-5 releases)."""
+    root = fixture_copy("deepseek-v3-fp8")
+    config = json.loads((root / "config.json").read_text())
+    config.update(model_type="glm_moe_dsa", num_hidden_layers=1, num_nextn_predict_layers=1)
+    (root / "config.json").write_text(json.dumps(config))
+    return root
+
+
+def test_a_glm5_package_carries_the_drafter_head_and_verify_accepts_it(fixture_copy, tmp_path):
+    src = _as_glm5(fixture_copy)
+    out = tmp_path / "pkg"
+    result = convert(src, out, ConvertOptions(scheme="w4a8-mxfp-moe"))
+    head = "model.layers.1.shared_head.head.weight"
+    assert result.plan.warnings == []
+    description = json.loads((out / "quant_model_description.json").read_text())
+    assert description[head] == "FLOAT" and description["lm_head.weight"] == "FLOAT"
+    package = {}
+    for shard in sorted(out.glob("quant_model_weights*.safetensors")):
+        package.update(load_shard(shard))
+    source = {}
+    for shard in sorted(src.glob("*.safetensors")):
+        source.update(load_shard(shard))
+    assert package[head] == source["lm_head.weight"]  # dtype, shape and bytes
+    provenance = json.loads((out / "ascendconv_provenance.json").read_text())
+    assert provenance["added_tensors"] == {head: {"source": "lm_head.weight", "reason": GLM_MTP_HEAD_REASON}}
+    report = verify(out, VerifyOptions(source=src))
+    assert report.ok, [c for c in report.checks if not c.ok]
+    # --no-mtp-heads: no copy, a warning, and a package verify still accepts
+    off = tmp_path / "off"
+    result = convert(src, off, ConvertOptions(scheme="w4a8-mxfp-moe", deployment=Deployment(mtp_heads=False)))
+    assert head not in json.loads((off / "quant_model_description.json").read_text())
+    assert len(result.plan.warnings) == 1 and "--no-mtp-heads" in result.plan.warnings[0]
+    assert verify(off, VerifyOptions(source=src)).ok
+
+
+def test_verify_source_finds_a_damaged_head_copy(fixture_copy, tmp_path):
+    src = _as_glm5(fixture_copy)
+    out = tmp_path / "pkg"
+    convert(src, out, ConvertOptions(scheme="w8a8-mxfp8"))
+    head = "model.layers.1.shared_head.head.weight"
+    shard = next(s for s in sorted(out.glob("quant_model_weights*.safetensors")) if head in load_shard(s))
+    tensors = load_shard(shard)
+    dtype, shape, data = tensors[head]
+    tensors[head] = (dtype, shape, bytes([data[0] ^ 0x40]) + data[1:])
+    save_shard(shard, tensors)
+    report = verify(out, VerifyOptions(source=src, checksums=False))
+    source_check = next(c for c in report.checks if c.name == "source")
+    assert not source_check.ok and any(f"{head!r}" in p and "differs from the source copy at byte 0" in p for p in source_check.problems)
+
+
+# --- DeepSeek-V4-Flash-Base, read by the DeepSeek-V4 source format ------------------------------------
+
+V4 = "deepseek-v4-flash-base"
+V4_HEAD = "mtp.0.head.weight"
+V4_EXPECTED = EXPECTED[V4]
+
+
+def v4_lookup_keys(description: dict) -> dict:
+    """vllm-ascend's description aliases for deepseek_v4, in our words: only when the description
+    holds hc_head_fn, every key also answers with a `model.` prefix, then `.attn.` as `.self_attn.`,
+    `ffn` as `mlp`, `.w1.` / `.w2.` / `.w3.` as gate / down / up_proj, `head` as `lm_head` and `embed`
+    as `embed_tokens`, each step over the keys the steps before made."""
+    keys = dict(description)
+    if "hc_head_fn" not in keys:
+        return keys
+    steps = [
+        lambda k: k if k.startswith("model") else f"model.{k}",
+        lambda k: k.replace(".attn.", ".self_attn.") if "attn" in k and "self_attn" not in k else k,
+        lambda k: k.replace("ffn", "mlp"),
+    ]
+    for step in steps:
+        keys.update({step(k): v for k, v in list(keys.items())})
+
+    def names(k: str) -> str:
+        k = k.replace(".w1.", ".gate_proj.").replace(".w2.", ".down_proj.").replace(".w3.", ".up_proj.")
+        k = k.replace("head", "lm_head") if "head" in k and "lm_head" not in k else k
+        return k.replace("embed", "embed_tokens") if "embed" in k and "embed_tokens" not in k else k
+
+    keys.update({names(k): v for k, v in list(keys.items())})
+    return keys
+
+
+def v4_lookup_problems(description: dict, config: dict) -> list[str]:
+    """The modules vllm-ascend's DeepSeek-V4 model and MTP drafter build, looked up as its loader does:
+    a fused module through its members (one type), a MoE layer through expert 0."""
+    keys = v4_lookup_keys(description)
+    packed = {"gate_up_proj": ("gate_proj", "up_proj"), "experts": ("experts.0.gate_proj", "experts.0.up_proj", "experts.0.down_proj")}
+    problems = []
+
+    def lookup(prefix: str) -> None:
+        last = prefix.rpartition(".")[2]
+        members = [prefix.replace(last, m) for m in packed.get(last, (last,))]
+        labels = [keys.get(f"{m}.weight") for m in members]
+        if None in labels or len(set(labels)) != 1:
+            problems.append(f"{prefix}: {labels}")
+
+    ratios = config["compress_ratios"]
+    for i in range(config["num_hidden_layers"]):
+        a, m = f"model.layers.{i}.self_attn", f"model.layers.{i}.mlp"
+        for name in ("wq_a", "wq_b", "wkv", "wo_a", "wo_b"):
+            lookup(f"{a}.{name}")
+        if ratios[i] == 4:
+            lookup(f"{a}.indexer.wq_b")
+        lookup(f"{m}.shared_experts.gate_up_proj")
+        lookup(f"{m}.shared_experts.down_proj")
+        lookup(f"{m}.experts")
+    lookup("lm_head")
+    lookup("mtp.0.head")  # the drafter's head, built before the target's is shared with it
+    for name in ("wq_a", "wq_b", "wkv", "wo_a", "wo_b"):
+        lookup(f"mtp.0.self_attn.{name}")
+    lookup("mtp.0.mlp.experts")
+    lookup("mtp.0.mlp.shared_experts.gate_up_proj")
+    return problems
+
+
+@pytest.fixture(scope="module")
+def v4_planner(family_root):
+    """Planners over the DeepSeek-V4-Flash-Base copy, one source opened for the module."""
+    source = Source.open(family_root(V4))
+    planners: dict = {}
+
+    def make(deployment: Deployment = Deployment()):
+        if deployment not in planners:
+            planners[deployment] = Planner.for_source(source, deployment)
+        return planners[deployment]
+
+    yield make
+    source.close()
+
+
+def test_deepseek_v4_inspect_says_what_the_package_adds(family_root):
+    report = inspect_path(family_root(V4))  # its structure: test_inspect_names_the_structure
+    assert report.family == "DeepSeek-V4" and report.quantization["scale_dtypes"] == {"F32": 33_024 + 768, "F8_E8M0": 365 + 10}
+    for estimate in report.schemes.values():
+        assert f"adds {V4_HEAD}, a FLOAT copy of head.weight: {DS_V4_MTP_HEAD_REASON}" in estimate.runtime
+
+
+def test_deepseek_v4_every_scheme_and_deployment_plans_what_its_lookup_accepts(v4_planner):
+    config = FAMILIES[V4]().config
+    for tp in (1, 4, 8, 16):
+        for ep in (False, True):
+            for scheme in SCHEMES:
+                plan = v4_planner(Deployment(tp=tp, ep=ep)).plan(scheme)
+                assert plan.fallbacks == [] and plan.warnings == []  # wo_b K/T = 8192/16, w2 2048/16 = 128
+                quantized = V4_EXPECTED["moe_w8"] + V4_EXPECTED["moe_w4"]
+                assert plan.type_counts()["FLOAT"] == V4_EXPECTED["float"] and sum(plan.type_counts().values()) == (
+                    V4_EXPECTED["float"] + quantized
+                )
+                if scheme == "w4a8-mxfp-moe" and tp in (1, 16):
+                    description = plan.description()
+                    assert v4_lookup_problems(description, config) == [], (tp, ep)
+                    assert {label for t, label in description.items() if t.startswith("mtp.")} == {"FLOAT"}
+
+
+def test_deepseek_v4_package_keeps_native_names_and_adds_the_drafter_head(v4_planner):
+    plan = v4_planner().plan("w4a8-mxfp-moe")
+    description = plan.description()
+    assert {t: n for t, n in plan.type_counts().items() if n} == {
+        "FLOAT": V4_EXPECTED["float"], "W8A8_MXFP8": V4_EXPECTED["moe_w8"], "W4A8_MXFP": V4_EXPECTED["moe_w4"]
+    }
+    # native names in weights and description: hc_head_fn switches vllm-ascend's aliases on
+    assert description["hc_head_fn"] == "FLOAT" and description["head.weight"] == "FLOAT"
+    assert description["layers.7.attn.wq_a.weight"] == "W8A8_MXFP8"
+    assert description["layers.7.ffn.experts.3.w2.weight"] == "W4A8_MXFP"
+    assert not any(name.startswith("model.") for name in description)
+    head = {t.name: t for t in plan.tensors}[V4_HEAD]
+    assert (head.source, head.kind, head.dtype, head.shape) == ("head.weight", "copy", "BF16", (129280, 4096))
+    assert description[V4_HEAD] == "FLOAT"
+    # the shared expert's w1 / w3 are one module for vllm-ascend: an override of one moves both
+    moved = v4_planner().plan("w8a8-mxfp8", overrides=[Override.parse("layers.5.ffn.shared_experts.w1=FLOAT")])
+    assert moved.decisions["layers.5.ffn.shared_experts.w3"].written == "FLOAT"
+    assert v4_lookup_problems(moved.description(), FAMILIES[V4]().config) == []
+    # --no-mtp-heads: no head, and the drafter's lookup fails, as the plan warns
+    off = v4_planner(Deployment(mtp_heads=False)).plan("w4a8-mxfp-moe")
+    assert V4_HEAD not in off.description() and len(off.warnings) == 1
+    assert v4_lookup_problems(off.description(), FAMILIES[V4]().config) == ["mtp.0.head: [None]"]
+
+
+def test_deepseek_v4_dry_run_json(family_root, v4_planner):
+    result = CliRunner().invoke(
+        app, ["convert", str(family_root(V4)), "unused-out", "--scheme", "w4a8-mxfp-moe", "--dry-run", "--json", "--tp", "16"]
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert (data["model_type"], data["warnings"], data["fallbacks"]) == ("deepseek_v4", [], [])
+    assert data["added_tensors"] == {V4_HEAD: {"source": "head.weight", "reason": DS_V4_MTP_HEAD_REASON}}
+    assert data["description"] == v4_planner(Deployment(tp=16)).plan("w4a8-mxfp-moe").description()
+
+
+def test_a_deepseek_v4_package_carries_mtp_0_head_and_verify_accepts_it(tmp_path):
+    """The small DeepSeek-V3 fixture in DeepSeek-V4 spelling (native `.scale`, `head.weight`, its
+    second layer as the MTP layer `mtp.0.`): the package copies head.weight to mtp.0.head.weight."""
+    from test_source_formats import DEEPSEEK, as_ds_v4, respell
+
+    native = as_ds_v4(FIXTURES / DEEPSEEK, tmp_path / "native", "F8_E8M0")
+
+    def rename(name, entry):
+        name = name.replace("model.layers.1.", "mtp.0.")
+        return {"head.weight" if name == "lm_head.weight" else name: entry}
+
+    src = respell(native, tmp_path / "v4", rename, lambda c: {**c, "num_hidden_layers": 1})
+    out = tmp_path / "pkg"
+    result = convert(src, out, ConvertOptions(scheme="w4a8-mxfp-moe"))
+    assert [(a.name, a.source) for a in result.plan.added] == [(V4_HEAD, "head.weight")]
+    description = json.loads((out / "quant_model_description.json").read_text())
+    assert description[V4_HEAD] == "FLOAT" and {v for k, v in description.items() if k.startswith("mtp.0.")} == {"FLOAT"}
+    package = {}
+    for shard in sorted(out.glob("quant_model_weights*.safetensors")):
+        package.update(load_shard(shard))
+    assert package[V4_HEAD] == package["head.weight"]
+    assert verify(out, VerifyOptions(source=src)).ok

@@ -7,9 +7,9 @@ from ascendconv.models import (
     INDEXER_WK_REASON,
     KV_B_REASON,
     MTP_REASON,
+    VISION_REASON,
     expert_count,
     rules_for,
-    tp_role,
 )
 from ascendconv.decide import Deployment, Override
 
@@ -29,8 +29,8 @@ def test_expert_count_reads_every_family_key_and_text_config():
 def test_known_families_and_the_generic_rule():
     assert rules_for({"model_type": "kimi_k2"}).family.label == "Kimi-K2"
     assert rules_for({"model_type": "minimax_m2"}).known
-    generic = rules_for({"model_type": "glm4_moe"})
-    assert not generic.known and "glm4_moe" in generic.warning and "generic rules" in generic.warning
+    generic = rules_for({"model_type": "mystery_moe"})
+    assert not generic.known and "mystery_moe" in generic.warning and "generic rules" in generic.warning
     # generic: any experts.N.<proj> is a routed expert, whichever naming
     assert generic.routed_expert("model.layers.1.block_sparse_moe.experts.7.w2")["layer"] == "model.layers.1.block_sparse_moe"
     assert generic.routed_expert("model.layers.1.mlp.experts.7.down_proj")["expert"] == "7"
@@ -67,7 +67,7 @@ def test_float_by_default_reasons():
      ("lm_head", None)],
 )
 def test_tp_roles(prefix, role):
-    assert tp_role(prefix) == role
+    assert rules_for(None).tp_role(prefix) == role
 
 
 def minimax_layer() -> dict:
@@ -209,3 +209,82 @@ def test_moe_coverage_knows_each_familys_expert_names():
     assert moe_coverage_problems(names, {**config, "num_local_experts": 4}, "x") == [
         "model.layers.0.block_sparse_moe has 2 experts but config.json says 4"
     ]
+
+
+# vllm-ascend's packed-module table (its ModelSlim config), written in our words: model_type ->
+# fused module -> members, and which spelling of per-expert projections it expects ("experts").
+_QKV = {"qkv_proj": ("q_proj", "k_proj", "v_proj")}
+_GATE_UP = {"gate_up_proj": ("gate_proj", "up_proj")}
+_MLA = {**_GATE_UP, "fused_qkv_a_proj": ("q_a_proj", "kv_a_proj_with_mqa")}
+_GDN = {"in_proj_qkvz": ("in_proj_qkv", "in_proj_z"), "in_proj_ba": ("in_proj_b", "in_proj_a")}
+_OMNI = {"attn_qkv_proj": ("attn_q_proj", "attn_k_proj", "attn_v_proj")}
+HF_EXPERTS, NATIVE_EXPERTS = ("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2")
+VLLM_ASCEND_PACKED = {
+    **dict.fromkeys(
+        ("qwen3_moe", "qwen3_vl_moe", "glm4_moe", "glm4v_moe", "glm4v_moe_text", "gemma4", "gemma4_text", "step3p5",
+         "step3p5_mtp"),
+        ({**_QKV, **_GATE_UP}, HF_EXPERTS),
+    ),
+    "qwen2_5_vl": ({**_QKV, **_GATE_UP}, None),
+    "qwen3_5": ({**_QKV, **_GATE_UP, **_GDN}, None),
+    "qwen3_5_moe": ({**_QKV, **_GATE_UP, **_GDN}, HF_EXPERTS),
+    "qwen3_next": ({**_QKV, **_GATE_UP, "in_proj": ("in_proj_qkvz", "in_proj_ba")}, HF_EXPERTS),
+    **dict.fromkeys(
+        ("deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2", "glm_moe_dsa", "pangu_ultra_moe", "pangu_ultra_moe_mtp",
+         "glm4_moe_lite", "longcat_flash"),
+        (_MLA, HF_EXPERTS),
+    ),
+    "deepseek_mtp": (_GATE_UP, HF_EXPERTS),
+    "deepseek_v4": (_GATE_UP, HF_EXPERTS),
+    "minimax_m2": (_QKV, NATIVE_EXPERTS),
+    "minimax_m3": ({**_QKV, **_GATE_UP}, NATIVE_EXPERTS),
+    "minimax_m3_vl": ({**_QKV, **_GATE_UP}, NATIVE_EXPERTS),
+    "qwen3_omni_moe": ({**_QKV, **_OMNI, **_GATE_UP}, HF_EXPERTS),
+    "qwen2_5_omni": ({**_QKV, **_OMNI, "attn.qkv": ("attn.q", "attn.k", "attn.v"), "qkv": ("q", "k", "v"), **_GATE_UP}, None),
+    "bailing_hybrid": ({**_MLA, "o_proj": ("dense",)}, HF_EXPERTS),
+}  # fmt: skip
+# Where our table differs, and why (docs/families.md, "Packed groups"): Qwen3-Next's in_proj is
+# never looked up (vLLM builds in_proj_qkvz and in_proj_ba apart; the release keeps in_proj_ba BF16);
+# Qwen2.5-Omni's "attn.qkv" key holds a dot, and the lookup compares last names only, so it never
+# matches; MiniMax-M3's model registers indexer_proj itself; DeepSeek-V4's loader renames the
+# native w1 / w3 / w2 to gate / up / down_proj, so the native spellings pack and route as those.
+NOT_APPLIED = {"qwen3_next": {"in_proj"}, "qwen2_5_omni": {"attn.qkv"}}
+ADDED_BY_THE_MODEL = {
+    "minimax_m3": ({("indexer_proj", ("index_q_proj", "index_k_proj"))}, ()),
+    "deepseek_v4": ({("gate_up_proj", ("w1", "w3"))}, (NATIVE_EXPERTS,)),
+}
+ADDED_BY_THE_MODEL["minimax_m3_vl"] = ADDED_BY_THE_MODEL["minimax_m3"]
+
+
+@pytest.mark.parametrize("model_type", sorted(VLLM_ASCEND_PACKED))
+def test_every_model_type_vllm_ascend_packs_is_known_with_its_groups(model_type):
+    groups, experts = VLLM_ASCEND_PACKED[model_type]
+    rules = rules_for({"model_type": model_type})
+    assert rules.known and rules.warning is None
+    ours = {(fused, members) for members, fused in rules.family.packed}
+    want = {(f, m) for f, m in groups.items() if f not in NOT_APPLIED.get(model_type, set())}
+    added_groups, added_experts = ADDED_BY_THE_MODEL.get(model_type, (set(), ()))
+    assert ours == want | added_groups
+    assert set(rules.family.expert_projections) == set(((experts,) if experts else ()) + added_experts)
+    # the lookup's view: every member of a group maps to the one fused module
+    for fused, members in ours:
+        assert {rules.packed_group(f"model.layers.3.block.{m}") for m in members} == {f"model.layers.3.block.{fused}"}
+
+
+def test_our_table_is_vllm_ascends_plus_dense_qwen3():
+    from ascendconv.families import FAMILIES
+
+    assert {t for family in FAMILIES for t in family.model_types} == set(VLLM_ASCEND_PACKED) | {"qwen3"}
+
+
+def test_roots_and_vision_of_the_vision_language_families():
+    qwen = rules_for({"model_type": "qwen3_5_moe", "text_config": {"num_hidden_layers": 40}})
+    assert qwen.default_float("model.visual.blocks.0.attn.qkv") == VISION_REASON
+    assert qwen.default_float("model.language_model.layers.3.self_attn.q_proj") is None
+    assert qwen.tp_role("model.language_model.layers.0.linear_attn.in_proj_qkv") == "column"
+    assert qwen.shared_expert_layer("model.language_model.layers.0.mlp.shared_expert.down_proj") == "model.language_model.layers.0.mlp"
+    m3 = rules_for({"model_type": "minimax_m3_vl", "text_config": {"num_hidden_layers": 60, "num_nextn_predict_layers": 1}})
+    assert m3.default_float("multi_modal_projector.linear_1") == VISION_REASON
+    assert m3.tp_role("language_model.model.layers.5.self_attn.index_k_proj") == "replicated"
+    assert m3.is_mtp("language_model.model.layers.60.self_attn.q_proj")  # numbered after the decoder, under its root
+    assert m3.indexer_of("language_model.model.layers.5.self_attn.index_q_proj") == "language_model.model.layers.5.self_attn"

@@ -111,7 +111,7 @@ def test_the_file_keeps_its_key_order_and_layout(tmp_path):
         '  "scale_rule": "floor",\n  "resolve_dtype": "fp16",\n  "kernel": "reference",\n  "fallbacks": [],\n'
         '  "source_nonfinite": {},\n  "checksum": "blake3",\n  "hub": null,\n  "deployment": {\n    "tp": 8,\n'
         '    "ep": true,\n    "shared_experts_as_routed": false\n  },\n  "overrides": [],\n'
-        f'  "command": "{RECORD.command}",\n  "date": "{DATE}",\n'
+        f'  "command": "{RECORD.command}",\n  "added_tensors": {{}},\n  "date": "{DATE}",\n'
         '  "files": {\n    "a": "66",\n    "z": "55"\n  },\n'
         '  "shards": {\n    "s1": {\n      "blake3": "11",\n      "size": 1\n'
         '    },\n    "s2": {\n      "blake3": "22",\n      "size": 2\n    }\n  }\n}\n'

@@ -13,6 +13,7 @@ from ascendconv.cli.options import (
     AsJson,
     Ep,
     KernelChoice,
+    MtpHeads,
     NewPackage,
     Overwrite,
     Quiet,
@@ -85,6 +86,7 @@ def convert(
     tp: Tp = Deployment.tp,
     ep: Ep = Deployment.ep,
     shared_experts_as_routed: SharedAsRouted = Deployment.shared_experts_as_routed,
+    mtp_heads: MtpHeads = Deployment.mtp_heads,
 ) -> None:
     """Convert a block-FP8 checkpoint into an AscendV1 MX package (the types per --scheme).
 
@@ -112,7 +114,7 @@ def convert(
             overwrite=overwrite,
             resume=resume,
             part=parse_part(part) if part is not None else None,
-            deployment=Deployment(tp, ep, shared_experts_as_routed),
+            deployment=Deployment(tp, ep, shared_experts_as_routed, mtp_heads),
             allow_unmatched_overrides=allow_unmatched_override,
         )
         runner = run_convert

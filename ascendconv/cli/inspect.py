@@ -8,7 +8,7 @@ import typer
 
 from ascendconv.cli import app, print_json, run
 from ascendconv.cli.console import out
-from ascendconv.cli.options import AsJson, Ep, SharedAsRouted, Tp
+from ascendconv.cli.options import AsJson, Ep, MtpHeads, SharedAsRouted, Tp
 from ascendconv.decide import Deployment
 
 
@@ -30,6 +30,7 @@ def inspect_command(
     tp: Tp = Deployment.tp,
     ep: Ep = Deployment.ep,
     shared_experts_as_routed: SharedAsRouted = Deployment.shared_experts_as_routed,
+    mtp_heads: MtpHeads = Deployment.mtp_heads,
 ) -> None:
     """Show what a checkpoint or a package holds, from headers only (no tensor data is read).
 
@@ -39,7 +40,11 @@ def inspect_command(
     from ascendconv.inspect import inspect_path
 
     glob = tensor_filter if tensor_filter is not None else ("*" if tensors else None)
-    report = run(lambda: inspect_path(src, tensors=glob, deployment=Deployment(tp, ep, shared_experts_as_routed)), as_json, "inspect")
+    report = run(
+        lambda: inspect_path(src, tensors=glob, deployment=Deployment(tp, ep, shared_experts_as_routed, mtp_heads)),
+        as_json,
+        "inspect",
+    )
     if as_json:
         print_json(report, "inspect")
     else:

@@ -31,6 +31,13 @@ SharedAsRouted = Annotated[
         "--shared-experts-as-routed", help="Shared experts take the routed experts' type (for vllm-ascend's mix_placement)."
     ),
 ]
+MtpHeads = Annotated[
+    bool,
+    typer.Option(
+        "--mtp-heads/--no-mtp-heads",
+        help="Add the MTP drafter heads the release lacks (GLM-5 shared_head.head, DeepSeek-V4 mtp.0.head), as FLOAT copies.",
+    ),
+]
 
 SchemeChoice = Annotated[
     Scheme,

@@ -137,6 +137,10 @@ def runtime_notes(plan: Plan) -> list[str]:
     if plan.fallbacks:
         notes.append(f"{len(plan.fallbacks)} fallbacks (see fallbacks), planned for --tp {plan.deployment.tp}"
                      + (" --ep" if plan.deployment.ep else ""))
+    for added in plan.added:
+        notes.append(f"adds {added.name}, a FLOAT copy of {added.source}: {added.reason}")
+    notes += [w for w in plan.warnings if w != plan.rules.warning]  # drafter heads left out, --tp growth
+    notes += plan.rules.family.runtime_notes
     mixed = _shared_vs_routed(plan)
     if mixed:
         notes.append(

@@ -99,8 +99,8 @@ def _structure(names, rules: ModelRules) -> _Structure:
         shared_in = rules.shared_expert_layer(prefix)
         if shared_in is not None:
             shared.add(shared_in)
-        elif ".indexer." in prefix:
-            indexers.add(prefix.partition(".indexer.")[0])
+        elif rules.indexer_of(prefix) is not None:
+            indexers.add(rules.indexer_of(prefix))
     return _Structure(
         layers=len(layers),
         moe_layers=len(experts),

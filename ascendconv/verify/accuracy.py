@@ -171,6 +171,9 @@ def _compare_source(
         implied.add(name if linear is None else linear.prefix + ".weight")  # MX sources may name it otherwise
         if linear is not None and lay.label(linear.prefix + ".weight") in MX_TYPES:
             implied.add(linear.prefix + ".weight_scale")
+    # tensors convert added (the MTP drafter's heads): byte copies of the source tensor recorded
+    added = {name: source.tensors[src] for name, src in prov.added_tensors.items() if src in source.tensors}
+    implied |= set(added)
     for name in sorted(implied - set(lay.tensors)):
         if lay.complete:
             found.source.append(f"{name!r} comes from the source but is not in the package")
@@ -181,14 +184,16 @@ def _compare_source(
         linear = by_weight.get(name)
         return name if linear is None else linear.prefix + ".weight"
 
-    work = [e for n, e in source.tensors.items() if n not in scale_names and package_name(n) in lay.tensors]
-    total = sum(e.nbytes for e in work)
+    work = [(n, e) for n, e in source.tensors.items() if n not in scale_names and package_name(n) in lay.tensors]
+    work += [(n, e) for n, e in added.items() if n in lay.tensors]
+    total = sum(e.nbytes for _, e in work)
     derive = _Rederive(lay, source, options, rule, resolve_dtype, notice)
 
-    def compare(entry: TensorEntry) -> _Compared:
-        linear = by_weight.get(entry.name)
+    def compare(item: tuple[str, TensorEntry]) -> _Compared:
+        name, entry = item
+        linear = by_weight.get(entry.name) if name == entry.name else None
         if linear is None or (linear.copied_when_float and lay.label(entry.name) == FLOAT):
-            return _Compared(source=[p for p in [_compare_plain(lay, reader, source, entry)] if p])
+            return _Compared(source=[p for p in [_compare_plain(lay, reader, source, entry, name)] if p])
         module = lay.modules.get(linear.prefix)
         why = "not described" if module is None else _module_measurable(lay, module, linear)
         if why is not None:
@@ -198,7 +203,7 @@ def _compare_source(
     done = 0
     with TensorReader() as reader:
         # tensors in parallel (kernels, numpy and reads release the GIL), results taken in order
-        for entry, compared in _ordered_map(compare, work, os.cpu_count() or 1):
+        for (_, entry), compared in _ordered_map(compare, work, os.cpu_count() or 1):
             found.add(compared)
             done += entry.nbytes
             if progress:
@@ -224,26 +229,27 @@ def _ordered_map(function, items: list, workers: int) -> Iterator[tuple]:
             yield item_done, future.result()
 
 
-def _compare_plain(lay: _Layout, reader: TensorReader, source, entry: TensorEntry) -> str | None:
-    """A tensor convert copies (bytes as they are) or casts (an MX layer's bias to F32)."""
-    pkg = lay.tensors[entry.name]
+def _compare_plain(lay: _Layout, reader: TensorReader, source, entry: TensorEntry, name: str) -> str | None:
+    """A tensor convert copies (bytes as they are, under its own name or the one it was added as)
+    or casts (an MX layer's bias to F32)."""
+    pkg = lay.tensors[name]
     if pkg.shape != entry.shape:
-        return f"{entry.name!r} has shape {list(pkg.shape)} in the package, {list(entry.shape)} in the source"
+        return f"{name!r} has shape {list(pkg.shape)} in the package, {list(entry.shape)} in the source"
     if pkg.dtype == entry.dtype:
         for _, _, start, count in _row_chunks(entry):
             a = source.reader.read_bytes(entry, start, count)
             b = reader.read_bytes(pkg, start, count)
             if a != b:
                 offset = next(i for i in range(count) if a[i] != b[i])
-                return f"{entry.name!r} ({pkg.path.name}) differs from the source copy at byte {start + offset}"
+                return f"{name!r} ({pkg.path.name}) differs from the source copy at byte {start + offset}"
         return None
     if pkg.dtype == "F32" and entry.dtype in FLOAT_DTYPES:
         want = source.reader.read(entry).astype(np.float32)
         got = reader.read(pkg)
         if not np.array_equal(want, got, equal_nan=True):
-            return f"{entry.name!r} ({pkg.path.name}) is not the source {entry.dtype} values cast to F32"
+            return f"{name!r} ({pkg.path.name}) is not the source {entry.dtype} values cast to F32"
         return None
-    return f"{entry.name!r} is {pkg.dtype} in the package but {entry.dtype} in the source"
+    return f"{name!r} is {pkg.dtype} in the package but {entry.dtype} in the source"
 
 
 @dataclass

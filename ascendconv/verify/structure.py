@@ -19,7 +19,6 @@ from ascendconv.ascendv1 import (
 from ascendconv.errors import shown
 from ascendconv.formats.constants import FLOAT, GROUP_SIZE
 from ascendconv.io.rules import moe_coverage_problems
-from ascendconv.models import tp_role
 from ascendconv.decide import (
     Deployment,
     alignment_problem,
@@ -27,6 +26,7 @@ from ascendconv.decide import (
     packed_group,
     rank_k,
 )
+from ascendconv.models import ModelRules
 from ascendconv.verify.checks import make_check, skip_check
 from ascendconv.verify.layout import _Layout
 from ascendconv.verify.report import Check
@@ -34,9 +34,9 @@ from ascendconv.verify.report import Check
 
 FP8_DTYPES = ("F8_E4M3", "F8_E5M2", "F8_E8M0")
 
-# Tensor parallelism: models.tp_role says how vLLM splits each linear. Row-parallel linears split K
-# (the type's K rule applies to K/T, as the plan checks it); column-parallel ones split N (N/T must be
-# whole). Routed experts split like a dense MLP under plain TP, and not at all with --ep.
+# Tensor parallelism: the family's roles (ModelRules.tp_role) say how vLLM splits each linear.
+# Row-parallel linears split K (the type's K rule applies to K/T, as the plan checks it);
+# column-parallel ones split N (N/T must be whole). Routed experts split like a dense MLP under plain TP, and not at all with --ep.
 KV_HEAD_PROJECTIONS = ("k_proj", "v_proj")  # replicated instead of split when kv heads < T
 
 
@@ -294,14 +294,17 @@ def check_packed_groups(lay: _Layout) -> Check:
     return make_check("packed_groups", problems, f"{len(groups)} packed group(s) and MoE layer(s), each of one type")
 
 
-def split_problem(prefix: str, label: str, n: int, k: int, routed: bool, deployment: Deployment, kv_heads) -> str | None:
+def split_problem(
+    prefix: str, label: str, n: int, k: int, routed: bool, deployment: Deployment, kv_heads, rules: ModelRules
+) -> str | None:
     """Why vLLM cannot split the linear `prefix` (N x K, of type `label`) over deployment.tp ranks,
-    or None. Shared by verify's `tp` check and by convert, which refuses a deployment up front."""
-    role = tp_role(prefix)
+    by the family's tensor-parallel roles, or None. Shared by verify's `tp` check and by convert,
+    which refuses a deployment up front."""
+    role = rules.tp_role(prefix)
     tp = deployment.tp
     where = f"{prefix} ({label}, {role}-parallel)"
     if role == "row":
-        rank_k_value, k_label = rank_k(prefix, k, routed, deployment)
+        rank_k_value, k_label = rank_k(prefix, k, routed, deployment, rules)
         problem = k_label if rank_k_value is None else alignment_problem(label, rank_k_value, routed, k_label)
         return f"{where}: {problem}" if problem else None
     last = prefix.rsplit(".", 1)[-1]
@@ -321,11 +324,11 @@ def check_tp(lay: _Layout, tp: int, ep: bool = False) -> Check:
     problems = []
     checked = 0
     for prefix, module in sorted(lay.modules.items()):
-        if tp_role(prefix) in (None, "replicated") or module.n is None:
+        if lay.rules.tp_role(prefix) in (None, "replicated") or module.n is None:
             continue
         checked += 1
         routed = is_routed_expert(prefix, lay.rules)
-        problem = split_problem(prefix, module.label, module.n, module.k, routed, Deployment(tp, ep), kv_heads)
+        problem = split_problem(prefix, module.label, module.n, module.k, routed, Deployment(tp, ep), kv_heads, lay.rules)
         if problem:
             problems.append(problem)
     return make_check("tp", problems, f"{checked} split linears align under --tp {tp}")

@@ -20,7 +20,7 @@ def render_convert(result, out: Console, err: Console, source: str = "SRC") -> N
     if result.reused_shards:
         out.print(f"resumed: {plural(len(result.reused_shards), 'finished shard')} reused, the rest converted")
     deployment = plan.deployment
-    if deployment.tp > 1 or deployment.ep or deployment.shared_experts_as_routed:
+    if deployment.tp > 1 or deployment.ep or deployment.shared_experts_as_routed or not deployment.mtp_heads:
         out.print(Text(f"planned for {deployment_flags(dataclasses.asdict(deployment))}"))
     for warning in plan.warnings:
         err.print(Text(f"warning: {warning}", style="yellow"))
@@ -40,6 +40,10 @@ def render_convert(result, out: Console, err: Console, source: str = "SRC") -> N
     if kept:
         section(out, "kept FLOAT by the model's rules")
         print_table(out, ["modules", "reason"], [[str(n), why] for why, n in kept.items()], right=(0,), wrap=1)
+    if plan.added:
+        section(out, "added FLOAT, for the MTP drafter (the release lacks them; --no-mtp-heads leaves them out)")
+        rows = [[added.name, added.source, added.reason] for added in plan.added]
+        print_table(out, ["tensor", "copy of", "why"], rows, wrap=2)
     if plan.fallbacks:
         section(out, f"{plural(len(plan.fallbacks), 'fallback')}")
         print_table(out, ["module", "n", "type", "reason"], fallback_rows(plan.fallbacks), right=(1,), wrap=3)

@@ -118,6 +118,8 @@ def _render_inspect_summary(report, console: Console) -> None:
         text = f"--tp {deployment['tp']}" + (" --ep" if deployment["ep"] else "")
         if deployment["shared_experts_as_routed"]:
             text += " --shared-experts-as-routed"
+        if not deployment["mtp_heads"]:
+            text += " --no-mtp-heads"
         facts.append(("planned for", text))
     if report.kind == KIND_PLAIN:
         facts.append(("convert", "not possible: no quantization_config and no linear projection to quantize"))

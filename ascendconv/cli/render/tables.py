@@ -35,10 +35,10 @@ def section(console: Console, title: str) -> None:
 
 
 def deployment_flags(deployment: dict) -> str:
-    """--tp T [--ep] [--shared-experts-as-routed] of a recorded deployment."""
+    """--tp T [--ep] [--shared-experts-as-routed] [--no-mtp-heads] of a recorded deployment."""
     return f"--tp {deployment['tp']}" + (" --ep" if deployment["ep"] else "") + (
         " --shared-experts-as-routed" if deployment["shared_experts_as_routed"] else ""
-    )
+    ) + ("" if deployment.get("mtp_heads", True) else " --no-mtp-heads")
 
 
 def types_cell(counts: dict[str, int]) -> str:
