@@ -509,12 +509,15 @@ def test_hostile_json_in_a_real_process(tmp_path, file, text):
     shutil.copytree(MOE, src)
     (src / file).write_text(text)
     before = tree_snapshot(tmp_path)
+    # VmHWM is this process's own high-water mark; ru_maxrss would also carry the forked pytest's
+    # (Linux keeps it across exec), which is over 1 GiB late in a full run.
     code = (
-        "import resource, sys\n"
+        "import re, sys\n"
         "from ascendconv.cli import app\n"
         "try:\n    app()\n"
         "finally:\n"
-        "    print('peak_kib', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n"
+        "    hwm = re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1)\n"
+        "    print('peak_kib', hwm, file=sys.stderr)\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", code, "convert", str(src), str(tmp_path / "out"), "--json"],
