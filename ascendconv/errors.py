@@ -287,7 +287,7 @@ class PartDirectoryError(InputError):
 
 
 class PackageAsSourceError(InputError):
-    default_hint = "inspect or verify it (`ascendconv verify PACKAGE`); to convert, pass the block-FP8 checkpoint it came from"
+    default_hint = "inspect or verify it (`ascendconv verify PACKAGE`); to convert, pass the checkpoint it came from"
 
 
 class PartError(InputError):

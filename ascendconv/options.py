@@ -161,7 +161,7 @@ class VerifyOptions:
             raise BadOptionError("--sample and --exact-full contradict each other", "--exact-full checks every row")
         if self.source is None and (self.exact != "off" or self.moe_check):
             flag = "--moe-check" if self.moe_check else "--exact"
-            raise BadOptionError(f"{flag} needs --source SRC", "pass the block-FP8 checkpoint the package came from")
+            raise BadOptionError(f"{flag} needs --source SRC", "pass the checkpoint the package came from")
         if self.moe_layers < 0 or not 1 <= self.moe_tokens <= MAX_MOE_TOKENS:
             raise BadOptionError(f"--moe-layers must be >= 0 and --moe-tokens from 1 to {MAX_MOE_TOKENS}")
         if self.seed < 0:

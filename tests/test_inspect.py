@@ -300,7 +300,8 @@ def test_plain_float_checkpoint_is_a_float_source(tmp_path):
     as a source of format "float", with what each scheme writes."""
     root = write_checkpoint(tmp_path / "plain", PLAIN, {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]})
     report = inspect_path(root, tensors="*layernorm*")
-    assert report.kind == KIND_SOURCE and report.quantization["format"] == "float"
+    assert report.kind == "source" and report.quantization["format"] == "float"
+    assert report.label == "plain float (BF16 / F16 / F32) checkpoint"
     assert report.quantization["fmt"] == "BF16/F16" and report.fp8_linears == 2
     assert {d: c.tensors for d, c in report.by_dtype.items()} == {"BF16": 2, "F16": 1, "F32": 2}
     assert report.schemes["w8a8-mxfp8"].modules["W8A8_MXFP8"] == 2

@@ -107,10 +107,15 @@ def test_inspect_names_the_source_format(tmp_path):
     src = as_ct(FIXTURES / DENSE, tmp_path / "ct")
     result = runner.invoke(app, ["inspect", str(src), "--json"])
     assert result.exit_code == 0, result.output
-    quant = json.loads(result.stdout)["quantization"]
+    data = json.loads(result.stdout)
+    quant = data["quantization"]
+    assert data["kind"] == "source"  # `hf-block-fp8` stays the kind of that one format
     assert quant["format"] == "ct-fp8" and quant["quant_method"] == "compressed-tensors"
     assert quant["weight_block_size"] == [128, 128] and quant["scale_dtypes"] == {"BF16": 14}
-    assert inspect_path(FIXTURES / DENSE).quantization["format"] == "hf-fp8-block"
+    human = runner.invoke(app, ["inspect", str(src)])
+    assert human.stdout.splitlines()[0] == "ct  compressed-tensors FP8 (float-quantized) checkpoint"
+    hf = inspect_path(FIXTURES / DENSE)
+    assert (hf.kind, hf.quantization["format"], hf.label) == ("hf-block-fp8", "hf-fp8-block", "Hugging Face block FP8 checkpoint")
 
 
 def scaled(data: bytes, shape, dtype, rng) -> bytes:

@@ -62,7 +62,7 @@ app = typer.Typer(
     rich_markup_mode=None,
     no_args_is_help=True,
     context_settings={"help_option_names": ["-h", "--help"]},
-    help="Convert Hugging Face block-FP8 checkpoints to AscendV1 MX packages for vllm-ascend.",
+    help="Convert FP8, MX and BF16 checkpoints to AscendV1 MX packages for vllm-ascend.",
 )
 
 

@@ -1,4 +1,4 @@
-"""`ascendconv convert`: a block-FP8 checkpoint in, an AscendV1 package out (or its plan)."""
+"""`ascendconv convert`: a source checkpoint in, an AscendV1 package out (or its plan)."""
 
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def convert(
     shared_experts_as_routed: SharedAsRouted = Deployment.shared_experts_as_routed,
     mtp_heads: MtpHeads = Deployment.mtp_heads,
 ) -> None:
-    """Convert a block-FP8 checkpoint into an AscendV1 MX package (the types per --scheme).
+    """Convert a checkpoint (FP8, MX or BF16; see `inspect`) into an AscendV1 MX package (the types per --scheme).
 
     --quiet prints no table; --json prints one object.
     """

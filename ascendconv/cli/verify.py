@@ -27,7 +27,7 @@ def verify_command(
     ),
     checksums: bool = typer.Option(DEFAULTS.checksums, "--checksums/--no-checksums", help="Check each shard's checksum (BLAKE3; sha256 for older packages) against the provenance file."),
     source: Optional[str] = typer.Option(
-        None, "--source", metavar="SRC", help="The block-FP8 checkpoint the package came from: enables the numerical checks."
+        None, "--source", metavar="SRC", help="The checkpoint the package came from: enables the numerical checks."
     ),
     min_sqnr_mxfp8: float = typer.Option(DEFAULTS.min_sqnr_mxfp8, help="Least SQNR (dB) of a W8A8_MXFP8 weight."),
     min_sqnr_mxfp4: float = typer.Option(DEFAULTS.min_sqnr_mxfp4, help="Least SQNR (dB) of an MXFP4 weight (W4A8_MXFP, W4A16_MXFP4, W4A4_MXFP4)."),

@@ -1,4 +1,4 @@
-"""Headers-only report of what a directory holds: an HF block-FP8 checkpoint, an AscendV1 package,
+"""Headers-only report of what a directory holds: a source checkpoint (any format of sources/), an AscendV1 package,
 or a plain (BF16/F16/F32) HF checkpoint.
 
 `inspect_path` reads config.json, the index and every shard's header, and nothing else: no tensor
@@ -46,7 +46,7 @@ def inspect_path(
     `path` is a directory or a Hugging Face repo id present in the local cache (never downloaded).
     `tensors` is a glob on tensor names: when given, the report lists the matching tensors ("*" for
     all). `deployment` (--tp, --ep, --shared-experts-as-routed) is what a source's per-scheme plans
-    are made for. Raises a project error (exit code 3) for anything that is not a block-FP8 checkpoint, a
+    are made for. Raises a project error (exit code 3) for anything that is not a source checkpoint, a
     plain float checkpoint or an AscendV1 package, and for a source whose headers are invalid.
     """
     root = resolve_source(str(path))

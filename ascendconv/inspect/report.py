@@ -8,14 +8,21 @@ from pathlib import Path
 
 SCHEMA_VERSION = 1
 
+# A convertible checkpoint is `hf-block-fp8` (the one kind before there were other source formats,
+# kept so that its consumers keep working) or `source`, whose format `quantization.format` names
 KIND_SOURCE = "hf-block-fp8"
+KIND_OTHER_SOURCE = "source"
 KIND_PACKAGE = "ascendv1-package"
 KIND_PLAIN = "hf-plain"
 KIND_LABELS = {
-    KIND_SOURCE: "Hugging Face block-FP8 checkpoint",
     KIND_PACKAGE: "AscendV1 package",
     KIND_PLAIN: "Hugging Face checkpoint, not quantized",
 }
+HF_BLOCK_FP8_FORMAT = "hf-fp8-block"  # sources/hf_fp8_block.py's name
+
+
+def source_kind(format_name: str) -> str:
+    return KIND_SOURCE if format_name == HF_BLOCK_FP8_FORMAT else KIND_OTHER_SOURCE
 
 
 @dataclass(frozen=True)
@@ -118,7 +125,7 @@ class SchemeEstimate:
 
 @dataclass
 class InspectReport:
-    kind: str  # KIND_SOURCE, KIND_PACKAGE or KIND_PLAIN
+    kind: str  # KIND_SOURCE, KIND_OTHER_SOURCE, KIND_PACKAGE or KIND_PLAIN
     path: Path
     model: dict  # model_type, architectures, num_hidden_layers, num_experts (from config.json)
     quantization: dict | None  # a source's quantization_config, summarised
@@ -148,6 +155,8 @@ class InspectReport:
 
     @property
     def label(self) -> str:
+        if self.kind in (KIND_SOURCE, KIND_OTHER_SOURCE):
+            return f"{self.quantization['label']} checkpoint"
         return KIND_LABELS[self.kind]
 
     def to_dict(self) -> dict:

@@ -1,4 +1,4 @@
-"""inspect of a Hugging Face block-FP8 checkpoint: what it holds, and what `convert` would write
+"""inspect of a source checkpoint (any format of sources/): what it holds, and what `convert` would write
 under each scheme (the pure planner run once per scheme) and what vllm-ascend would run with it."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ascendconv.ascendv1 import QUANT_TYPES, RANK
 from ascendconv.formats.constants import FLOAT, W8A8_MXFP8
-from ascendconv.inspect.report import KIND_SOURCE, Fallback, InspectReport, SchemeEstimate, ShardInfo
+from ascendconv.inspect.report import Fallback, InspectReport, SchemeEstimate, ShardInfo, source_kind
 from ascendconv.inspect.summary import (
     FP8_BLOCK,
     _count,
@@ -70,7 +70,7 @@ def inspect_source(root: Path, glob: str | None, deployment: Deployment) -> Insp
         structure = _structure(source.tensors, rules)
         index = SOURCE_INDEX_NAME if (root / SOURCE_INDEX_NAME).is_file() else None
         return InspectReport(
-            kind=KIND_SOURCE,
+            kind=source_kind(source.format),
             path=root,
             model=_model_summary(source.config),
             quantization={

@@ -182,4 +182,4 @@ def refuse_part_directory(directory: Path, wanted: str) -> None:
 
 def refuse_package_as_source(directory: Path) -> None:
     if (directory / DESCRIPTION_NAME).is_file() or (directory / PART_MANIFEST_NAME).is_file():
-        raise PackageAsSourceError(f"{directory}: this is an AscendV1 package, not a block-FP8 checkpoint to convert")
+        raise PackageAsSourceError(f"{directory}: this is an AscendV1 package, not a checkpoint to convert")
