@@ -238,6 +238,16 @@ def _encode(y, fmt):
     return _encode_e4m3(y) if fmt == _FMT_E4M3 else _encode_e2m1(y)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _format_constants(fmt):
+    """(emax, sign bit of a code, mse's saturation bound, max mantissa, max exponent) of a format:
+    the floor rule's emax, the rceil rule's max_value = max mantissa x 2**max exponent (frexp form),
+    and the bound above which mse compares two exponents (the module docstring's 464 and 7)."""
+    if fmt == _FMT_E4M3:
+        return 8, np.uint8(0x80), np.float32(464.0), 0.875, 9
+    return 2, np.uint8(0x08), np.float32(7.0), 0.75, 3
+
+
 @njit(cache=True, nogil=True)
 def _floor_exponent(a_bits, emax):
     """max(expfield - emax, 0) of a non-negative float32 given by its bits."""
@@ -494,7 +504,7 @@ def _direct_group(v, out, fmt, rule, emax, max_mantissa, max_exponent, sbit, lo_
         return low
     # mse compares E_floor with E_floor + 1 only when the group saturates at E_floor (the module
     # docstring's bound: at most 464 for E4M3, 7 for E2M1, E_floor wins for sure)
-    sse_above = np.float32(464.0) if fmt == _FMT_E4M3 else np.float32(7.0)
+    sse_above = _format_constants(fmt)[2]
     if low >= 254 or amax * _pow2f(127 - low) <= sse_above:
         factor = _pow2f(127 - low)
         for j in range(GROUP_SIZE):
@@ -654,12 +664,7 @@ def _requantize_kernel_for(vector_lookup):
         key_slot0 = info.shape[0] * 2  # 256 * columns
         pair_stamp0 = key_slot0 * 2
         counter = meta.shape[0] - 1
-        if fmt == _FMT_E4M3:
-            emax, sbit, sse_above = 8, np.uint8(0x80), np.float32(464.0)
-            max_mantissa, max_exponent = 0.875, 9
-        else:
-            emax, sbit, sse_above = 2, np.uint8(0x08), np.float32(7.0)
-            max_mantissa, max_exponent = 0.75, 3
+        emax, sbit, sse_above, max_mantissa, max_exponent = _format_constants(fmt)
         gtab0, sse_groups0, sse_info0 = n_groups, 2 * n_groups, 3 * n_groups  # the arrays in `work`
         for g in range(n_groups):
             first = g * GROUP_SIZE // bk
@@ -823,12 +828,7 @@ def _requantize_direct_kernel(codes2d, scale, bn, bk, row_offset, bf16, fmt, rul
     entry point, so that only checkpoints whose tiles split MX groups ever compile it."""
     rows, k = codes2d.shape
     n_groups = k // GROUP_SIZE
-    if fmt == _FMT_E4M3:
-        emax, sbit = 8, np.uint8(0x80)
-        max_mantissa, max_exponent = 0.875, 9
-    else:
-        emax, sbit = 2, np.uint8(0x08)
-        max_mantissa, max_exponent = 0.75, 3
+    emax, sbit, _, max_mantissa, max_exponent = _format_constants(fmt)
     gv = np.empty(GROUP_SIZE, dtype=np.float32)
     gout = np.empty(GROUP_SIZE, dtype=np.uint8)
     glo = np.empty(GROUP_SIZE, dtype=np.uint8)
@@ -1046,12 +1046,7 @@ def _quantize_float_kernel(values, fmt, rule, payload2d, scales2d):
     of the groups of Gaussian weights), in `_mse_float_group`."""
     rows, k = values.shape
     n_groups = k // GROUP_SIZE
-    if fmt == _FMT_E4M3:
-        emax, sse_above = 8, np.float32(464.0)
-        max_mantissa, max_exponent = 0.875, 9
-    else:
-        emax, sse_above = 2, np.float32(7.0)
-        max_mantissa, max_exponent = 0.75, 3
+    emax, _, sse_above, max_mantissa, max_exponent = _format_constants(fmt)
     glo = np.empty(GROUP_SIZE, dtype=np.uint8)
     ghi = np.empty(GROUP_SIZE, dtype=np.uint8)
     dlo = np.empty(GROUP_SIZE, dtype=np.float64)
