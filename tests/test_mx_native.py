@@ -318,3 +318,38 @@ def test_the_exact_fallback_and_the_decode_agree_with_the_reference(packed, scal
     values = relayout.decode(packed, scales, E2M1)
     assert np.array_equal(values, mx.dequantize_mx(elements.unpack_fp4(packed), scales, E2M1))
     assert np.array_equal(mx.dequantize_mx(relayout.e2m1_as_e4m3(packed), scales, E4M3), values)
+
+
+MXFP8_ACTIVATIONS = {"num_bits": 8, "type": "float", "strategy": "group", "group_size": 32, "dynamic": True}
+
+
+@pytest.mark.parametrize("activations", [None, MXFP8_ACTIVATIONS], ids=["MXFP4A16", "MXFP4xMXFP8"])
+@pytest.mark.parametrize("scheme,expert_type", [("native", "W4A8_MXFP"), ("w4a8-mxfp-moe", "W4A8_MXFP"), ("w4a16-mxfp4-moe", "W4A16_MXFP4")])
+def test_mxfp4_experts_take_the_type_vllm_ascend_loads_them_as(tmp_path, activations, scheme, expert_type):
+    """compressed-tensors MXFP4 experts, weight-only (no input_activations: MXFP4A16) or with MXFP8
+    activations: --scheme native writes them W4A8_MXFP (what vllm-ascend's own compressed-tensors
+    loader makes of an MXFP4A16 MoE layer), w4a16-mxfp4-moe W4A16_MXFP4; either way the payload and
+    scale bytes are the source's (as-stored), and the linears are relaid too (as-stored under native,
+    e2m1-as-e4m3 under the -moe schemes' W8A8_MXFP8)."""
+    src = make(tmp_path, "ct-mxfp4")
+    if activations is not None:
+        src = edit_config(src, lambda q: q["config_groups"]["group_0"].update(input_activations=activations))
+    out = tmp_path / "out"
+    result = convert(src, out, ConvertOptions(scheme=scheme))
+    description = json.loads((out / "quant_model_description.json").read_text())
+    package = package_tensors(out)
+    linears = mx_weights(src)
+    assert result.plan.conversion_counts() == {"relaid": len(linears), "requantized": 0} == {"relaid": 31, "requantized": 0}
+    for prefix, (payload, scale, _) in linears.items():
+        written = description[prefix + ".weight"]
+        assert package[prefix + ".weight_scale"] == ("U8", scale[1], scale[2]), prefix
+        if ".experts." in prefix:
+            assert written == expert_type and package[prefix + ".weight"] == ("U8", payload[1], payload[2]), prefix
+        elif scheme == "native":
+            assert written == "W4A8_MXFP" and package[prefix + ".weight"] == ("U8", payload[1], payload[2]), prefix
+        else:
+            want = relayout.e2m1_as_e4m3(as_array(payload))
+            assert written == "W8A8_MXFP8" and package[prefix + ".weight"] == ("F8_E4M3", want.shape, want.tobytes()), prefix
+    report = verify(out, VerifyOptions(source=src, moe_check=True))
+    assert report.ok, [c.to_dict() for c in report.checks if not c.ok]
+    assert "31 re-laid MX weights equal their source bytes" in next(c for c in report.checks if c.name == "exact").detail
