@@ -353,3 +353,12 @@ def test_mxfp4_experts_take_the_type_vllm_ascend_loads_them_as(tmp_path, activat
     report = verify(out, VerifyOptions(source=src, moe_check=True))
     assert report.ok, [c.to_dict() for c in report.checks if not c.ok]
     assert "31 re-laid MX weights equal their source bytes" in next(c for c in report.checks if c.name == "exact").detail
+
+
+def test_modelopt_mxfp4_is_refused_as_not_supported_yet(tmp_path):
+    """Its bytes would re-lay out exactly, but no published checkpoint confirms its tensor names:
+    refused by name, not read by a guess."""
+    from ascendconv.errors import NotYetSupportedSourceError
+
+    src = edit_config(make(tmp_path, "modelopt"), lambda q: q.update(quant_algo="MXFP4"))
+    refused(src, tmp_path, NotYetSupportedSourceError, ["quant_algo is 'MXFP4'", "not supported yet", "not confirmed"])

@@ -32,6 +32,7 @@ from ascendconv.errors import (
     ConfigError,
     InexactSourceError,
     MissingScaleError,
+    NotYetSupportedSourceError,
     ScaleDtypeError,
     ScaleShapeError,
     UnsupportedSourceError,
@@ -53,6 +54,14 @@ NVFP4_WHY = (
     "exactly, and ascendconv does not re-quantize FP4 silently"
 )
 FP6_WHY = "AscendV1 has no FP6 type and vllm-ascend no FP6 scheme"
+# The bytes would re-lay out exactly (packed E2M1 [N, K/2] + E8M0 [N, K/32], element 2j low), but no
+# published ModelOpt MXFP4 checkpoint pins down its tensor names, and vLLM's ModelOpt loader has no
+# MXFP4 either: reading it would be a guess.
+MODELOPT_MXFP4_WHY = (
+    "ModelOpt MXFP4 is not supported yet: its bytes would re-lay out exactly, but the tensor names of a "
+    "published ModelOpt MXFP4 checkpoint are not confirmed, and ascendconv does not guess which tensor is which"
+)
+MODELOPT_MXFP4_HINT = "convert the model's BF16 (or MXFP8 / block-FP8) release, or report the checkpoint so its layout can be added"
 
 
 @dataclass(frozen=True)
@@ -384,6 +393,8 @@ def parse_modelopt_config(config: dict, config_path: Path) -> ModelOptConfig:
     algo = quant.get("quant_algo", nested.get("quant_algo"))
     if algo == "NVFP4":
         raise InexactSourceError(f"{where}.quant_algo is 'NVFP4': {NVFP4_WHY}")
+    if algo == "MXFP4":
+        raise NotYetSupportedSourceError(f"{where}.quant_algo is 'MXFP4': {MODELOPT_MXFP4_WHY}", MODELOPT_MXFP4_HINT)
     if algo != "MXFP8":
         raise UnsupportedSourceError(
             f"{where}.quant_algo is {shown(algo)}; ascendconv reads ModelOpt checkpoints quantized as 'MXFP8'"
