@@ -362,3 +362,121 @@ def test_modelopt_mxfp4_is_refused_as_not_supported_yet(tmp_path):
 
     src = edit_config(make(tmp_path, "modelopt"), lambda q: q.update(quant_algo="MXFP4"))
     refused(src, tmp_path, NotYetSupportedSourceError, ["quant_algo is 'MXFP4'", "not supported yet", "not confirmed"])
+
+
+# --- quant_method mxfp4: experts fused as vLLM's FusedMoE stores them ---------------------------
+
+
+def fused_mxfp4(tmp_path: Path, edit=lambda tensors: tensors, config_edit=lambda cfg: cfg) -> Path:
+    """The compressed-tensors MXFP4 MoE fixture laid out as a community `quant_method: mxfp4`
+    upload: each layer's experts fused into `experts.w13_weight` [E, 2I, H/2] (gate rows, then up)
+    and `experts.w2_weight` [E, H, I/2] with their E8M0 `_scale`s; every other linear unquantized
+    (its decoded values in BF16)."""
+    per_expert = make(tmp_path, "ct-mxfp4")
+    tensors = source_tensors(per_expert)
+    layers = sorted({n.split(".experts.")[0] for n in tensors if ".experts." in n})
+
+    def stacked(layer, projections, suffix):
+        count = len({n.split(".experts.")[1].split(".")[0] for n in tensors if n.startswith(layer + ".experts.")})
+        parts = [as_array(tensors[f"{layer}.experts.{e}.{p}.{suffix}"]) for e in range(count) for p in projections]
+        fused = np.stack([np.concatenate(parts[i : i + len(projections)]) for i in range(0, len(parts), len(projections))])
+        return ("U8", fused.shape, fused.tobytes())
+
+    def tensor(name, entry):
+        if ".experts." in name:
+            layer = name.split(".experts.")[0]
+            if name != f"{layer}.experts.0.gate_proj.weight_packed":
+                return {}
+            out = {}
+            for fused, projections in (("w13_weight", ("gate_proj", "up_proj")), ("w2_weight", ("down_proj",))):
+                out[f"{layer}.experts.{fused}"] = stacked(layer, projections, "weight_packed")
+                out[f"{layer}.experts.{fused}_scale"] = stacked(layer, projections, "weight_scale")
+            return edit(out)
+        if name.endswith(".weight_packed"):
+            prefix = name[: -len(".weight_packed")]
+            values = decoded(entry, tensors[prefix + ".weight_scale"], E2M1).astype(ml_dtypes.bfloat16)
+            return {prefix + ".weight": ("BF16", values.shape, values.tobytes())}
+        if name.endswith((".weight_scale", ".weight_shape")):
+            return {}
+        return {name: entry}
+
+    def config(cfg):
+        return config_edit({**cfg, "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": ["lm_head"]}})
+
+    assert layers
+    return respell(per_expert, tmp_path / "fused", tensor, config)
+
+
+def test_fused_mxfp4_experts_are_split_per_expert_byte_for_byte(tmp_path):
+    """Every expert's gate, up and down payload and scale in the package is its byte range of the
+    fused source tensor, unchanged, and equals what the same experts stored one by one give; verify
+    proves each from the source."""
+    src = fused_mxfp4(tmp_path)
+    source = open_source(src)
+    assert source.format == "mxfp4-fused" and source.quantization["fused_experts_split"] == 8
+    assert all(".experts." in prefix for prefix in source.linears) and len(source.linears) == 24
+    out = tmp_path / "out"
+    result = convert(src, out, ConvertOptions(scheme="native"))
+    assert result.plan.conversion_counts() == {"relaid": 24, "requantized": 0}  # the unquantized rest is copied
+    package = package_tensors(out)
+    fused = source_tensors(src)
+    for layer in ("model.layers.0.mlp", "model.layers.1.mlp"):
+        for stored, projections in (("w13_weight", ("gate_proj", "up_proj")), ("w2_weight", ("down_proj",))):
+            for suffix, name in (("", "weight"), ("_scale", "weight_scale")):
+                dtype, shape, data = fused[f"{layer}.experts.{stored}{suffix}"]
+                rows, piece = shape[1] // len(projections), shape[1] // len(projections) * shape[2]
+                for e in range(shape[0]):
+                    for i, projection in enumerate(projections):
+                        start = (e * len(projections) + i) * piece
+                        got = package[f"{layer}.experts.{e}.{projection}.{name}"]
+                        assert got == ("U8", (rows, shape[2]), data[start : start + piece]), (layer, e, projection, name)
+    convert(tmp_path / "src-ct-mxfp4-qwen3-moe-fp8", tmp_path / "ref", ConvertOptions(scheme="native"))
+    per_expert = package_tensors(tmp_path / "ref")
+    assert {n: e for n, e in package.items() if ".experts." in n} == {n: e for n, e in per_expert.items() if ".experts." in n}
+    description = json.loads((out / "quant_model_description.json").read_text())
+    assert {description[p + ".weight"] for p in source.linears} == {"W4A8_MXFP"}
+    report = verify(out, VerifyOptions(source=src, moe_check=True))
+    assert report.ok, [c.to_dict() for c in report.checks if not c.ok]
+    assert "24 re-laid MX weights equal their source bytes" in next(c for c in report.checks if c.name == "exact").detail
+
+
+def gpt_oss_experts(out):
+    """gpt-oss's names for one layer's experts instead of vLLM's."""
+    renamed = {}
+    for name, (dtype, shape, data) in out.items():
+        layer = name.split(".experts.")[0]
+        proj = "gate_up_proj" if "w13" in name else "down_proj"
+        kind = "_scales" if name.endswith("_scale") else "_blocks"
+        renamed[f"{layer}.experts.{proj}{kind}"] = (dtype, shape, data)
+    return renamed
+
+
+def with_expert_bias(out):
+    layer = next(iter(out)).split(".experts.")[0]
+    experts, rows = out[f"{layer}.experts.w13_weight"][1][:2]
+    return {**out, f"{layer}.experts.w13_bias": ("BF16", (experts, rows), bytes(2 * experts * rows))}
+
+
+def without_w2_scale(out):
+    return {n: e for n, e in out.items() if not n.endswith("w2_weight_scale")}
+
+
+@pytest.mark.parametrize(
+    "edit,config_edit,error,words",
+    [
+        (lambda o: o, lambda c: {**c, "model_type": "gpt_oss"}, "BlockedByTargetError", ["gpt_oss", "blocked by the target", "expert biases", "swigluoai"]),
+        (gpt_oss_experts, lambda c: c, "BlockedByTargetError", ["gate_up_proj_blocks", "gpt-oss", "blocked by the target"]),
+        (with_expert_bias, lambda c: c, "BlockedByTargetError", ["w13_bias", "expert bias"]),
+        (without_w2_scale, lambda c: c, "UnsupportedTensorError", ["w2_weight", "no", "w2_weight_scale"]),
+    ],
+    ids=["gpt-oss-model-type", "gpt-oss-tensors", "expert-bias", "missing-scale"],
+)
+def test_fused_mxfp4_refusals_say_why(tmp_path, edit, config_edit, error, words):
+    import ascendconv.errors as errors
+
+    src = fused_mxfp4(tmp_path, edit, config_edit)
+    refused(src, tmp_path, getattr(errors, error), words)
+    if error == "BlockedByTargetError":
+        with pytest.raises(errors.BlockedByTargetError) as caught:
+            open_source(src)
+        assert "BF16 re-upload" in caught.value.hint

@@ -127,8 +127,15 @@ def without_companions(tensors: dict[str, TensorEntry], linears: dict[str, Sourc
     return {n: e for n, e in tensors.items() if n not in drop} if drop else None
 
 
-def mx_source(fmt: SourceFormat, checkpoint: Checkpoint, quant, linears, layouts, params: dict, shown_config: dict) -> Source:
-    logical = without_companions(checkpoint.tensors, linears, layouts)
+def mx_source(
+    fmt: SourceFormat, checkpoint: Checkpoint, quant, linears, layouts, params: dict, shown_config: dict,
+    split: dict[str, TensorEntry] | None = None,
+) -> Source:
+    """The Source of an MX format's linears; `split`: the tensors as the format splits stored ones
+    (fused experts), else the checkpoint's own."""
+    base = checkpoint.tensors if split is None else split
+    logical = without_companions(base, linears, layouts)
+    logical = split if logical is None else logical
     tensors = checkpoint.tensors if logical is None else logical
     check_source_tensors(checkpoint.root, tensors, linears, checkpoint.config)
     encodings = sorted({linear.encoding.value for linear in linears.values()})
@@ -381,12 +388,23 @@ def modelopt_quantization_config(root: Path) -> dict | None:
 
 
 @dataclass(frozen=True)
-class ModelOptConfig:
+class ExcludeConfig:
+    """What a format with one MX quantization for every linear keeps of its config: the modules the
+    release left unquantized, and where the config sits."""
+
     exclude: tuple[str, ...]
     location: str
 
 
-def parse_modelopt_config(config: dict, config_path: Path) -> ModelOptConfig:
+def module_names(value: object, at: str) -> tuple[str, ...]:
+    """A config's list of module names or patterns (absent: none), checked."""
+    value = value or []
+    if not (isinstance(value, list) and all(isinstance(e, str) for e in value)):
+        raise ConfigError(f"{at} is {shown(value)}, expected a list of module names or patterns")
+    return tuple(value)
+
+
+def parse_modelopt_config(config: dict, config_path: Path) -> ExcludeConfig:
     quant, location = find_quantization_config(config)
     where = f"{config_path}: {location}"
     nested = quant.get("quantization") if isinstance(quant.get("quantization"), dict) else {}
@@ -402,10 +420,8 @@ def parse_modelopt_config(config: dict, config_path: Path) -> ModelOptConfig:
     group = quant.get("group_size", nested.get("group_size", GROUP_SIZE))
     if group != GROUP_SIZE:
         raise UnsupportedSourceError(f"{where}.group_size is {shown(group)}; MX groups are {GROUP_SIZE} values")
-    exclude = quant.get("exclude_modules", quant.get("ignore", nested.get("exclude_modules"))) or []
-    if not (isinstance(exclude, list) and all(isinstance(e, str) for e in exclude)):
-        raise ConfigError(f"{where}.exclude_modules is {shown(exclude)}, expected a list of module names or patterns")
-    return ModelOptConfig(tuple(exclude), location)
+    exclude = quant.get("exclude_modules", quant.get("ignore", nested.get("exclude_modules")))
+    return ExcludeConfig(module_names(exclude, f"{where}.exclude_modules"), location)
 
 
 class ModelOptMxfp8(SourceFormat):
@@ -413,10 +429,10 @@ class ModelOptMxfp8(SourceFormat):
     label = "NVIDIA ModelOpt MXFP8"
     quant_method = MODELOPT_METHOD
 
-    def parse(self, config: dict, config_path: Path) -> ModelOptConfig:
+    def parse(self, config: dict, config_path: Path) -> ExcludeConfig:
         return parse_modelopt_config(config, config_path)
 
-    def open(self, checkpoint: Checkpoint, quant: ModelOptConfig) -> Source:
+    def open(self, checkpoint: Checkpoint, quant: ExcludeConfig) -> Source:
         layout = LAYOUTS["modelopt-mxfp8"]
         linears = {}
         for name, entry in checkpoint.tensors.items():
