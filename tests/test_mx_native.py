@@ -34,7 +34,7 @@ from ascendconv.formats.constants import E2M1, E4M3
 from ascendconv.sources import open_source
 from ascendconv.verify import VerifyOptions, verify
 from conftest import FIXTURES, as_array, load_shard
-from mx_sources import MXFP4, MXFP8, as_mx, experts_mxfp4, source_tensors
+from mx_sources import MXFP4, MXFP8, as_mx, as_vllm_fused, experts_mxfp4, source_tensors
 from test_source_formats import respell
 
 runner = CliRunner()
@@ -368,43 +368,7 @@ def test_modelopt_mxfp4_is_refused_as_not_supported_yet(tmp_path):
 
 
 def fused_mxfp4(tmp_path: Path, edit=lambda tensors: tensors, config_edit=lambda cfg: cfg) -> Path:
-    """The compressed-tensors MXFP4 MoE fixture laid out as a community `quant_method: mxfp4`
-    upload: each layer's experts fused into `experts.w13_weight` [E, 2I, H/2] (gate rows, then up)
-    and `experts.w2_weight` [E, H, I/2] with their E8M0 `_scale`s; every other linear unquantized
-    (its decoded values in BF16)."""
-    per_expert = make(tmp_path, "ct-mxfp4")
-    tensors = source_tensors(per_expert)
-    layers = sorted({n.split(".experts.")[0] for n in tensors if ".experts." in n})
-
-    def stacked(layer, projections, suffix):
-        count = len({n.split(".experts.")[1].split(".")[0] for n in tensors if n.startswith(layer + ".experts.")})
-        parts = [as_array(tensors[f"{layer}.experts.{e}.{p}.{suffix}"]) for e in range(count) for p in projections]
-        fused = np.stack([np.concatenate(parts[i : i + len(projections)]) for i in range(0, len(parts), len(projections))])
-        return ("U8", fused.shape, fused.tobytes())
-
-    def tensor(name, entry):
-        if ".experts." in name:
-            layer = name.split(".experts.")[0]
-            if name != f"{layer}.experts.0.gate_proj.weight_packed":
-                return {}
-            out = {}
-            for fused, projections in (("w13_weight", ("gate_proj", "up_proj")), ("w2_weight", ("down_proj",))):
-                out[f"{layer}.experts.{fused}"] = stacked(layer, projections, "weight_packed")
-                out[f"{layer}.experts.{fused}_scale"] = stacked(layer, projections, "weight_scale")
-            return edit(out)
-        if name.endswith(".weight_packed"):
-            prefix = name[: -len(".weight_packed")]
-            values = decoded(entry, tensors[prefix + ".weight_scale"], E2M1).astype(ml_dtypes.bfloat16)
-            return {prefix + ".weight": ("BF16", values.shape, values.tobytes())}
-        if name.endswith((".weight_scale", ".weight_shape")):
-            return {}
-        return {name: entry}
-
-    def config(cfg):
-        return config_edit({**cfg, "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": ["lm_head"]}})
-
-    assert layers
-    return respell(per_expert, tmp_path / "fused", tensor, config)
+    return as_vllm_fused(make(tmp_path, "ct-mxfp4"), tmp_path / "fused", edit, config_edit)
 
 
 def test_fused_mxfp4_experts_are_split_per_expert_byte_for_byte(tmp_path):
