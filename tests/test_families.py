@@ -752,7 +752,7 @@ def kimi_k3_cut(tmp_path_factory):
 def test_kimi_k3_inspect_names_its_mx_experts(kimi_k3_cut):
     root, _ = kimi_k3_cut
     report = inspect_path(root)
-    assert report.family == "Kimi-K3" and report.warnings == []
+    assert report.family == "Kimi-K3" and report.warnings == [] and report.kind == "source"
     assert report.quantization["format"] == "ct-mx" and report.quantization["encodings"] == ["mx_e2m1"]
     assert (report.layers, report.moe_layers, report.routed_experts, report.shared_expert_layers) == (K3_CUT, K3_MOE_LAYERS, 896, 3)
     assert report.fp8_linears == K3_EXPERT_LINEARS  # only the routed experts are quantized in the release

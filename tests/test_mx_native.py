@@ -378,6 +378,7 @@ def test_fused_mxfp4_experts_are_split_per_expert_byte_for_byte(tmp_path):
     src = fused_mxfp4(tmp_path)
     source = open_source(src)
     assert source.format == "mxfp4-fused" and source.quantization["fused_experts_split"] == 8
+    assert source.quantization["companions_dropped"] == 0 and source.params["layout"] == "vllm-fused"
     assert all(".experts." in prefix for prefix in source.linears) and len(source.linears) == 24
     out = tmp_path / "out"
     result = convert(src, out, ConvertOptions(scheme="native"))
@@ -425,6 +426,11 @@ def without_w2_scale(out):
     return {n: e for n, e in out.items() if not n.endswith("w2_weight_scale")}
 
 
+def with_expert_0_stored_too(out):
+    layer = next(iter(out)).split(".experts.")[0]
+    return {**out, f"{layer}.experts.0.down_proj.weight": ("BF16", (4, 4), bytes(32))}
+
+
 @pytest.mark.parametrize(
     "edit,config_edit,error,words",
     [
@@ -432,8 +438,9 @@ def without_w2_scale(out):
         (gpt_oss_experts, lambda c: c, "BlockedByTargetError", ["gate_up_proj_blocks", "gpt-oss", "blocked by the target"]),
         (with_expert_bias, lambda c: c, "BlockedByTargetError", ["w13_bias", "expert bias"]),
         (without_w2_scale, lambda c: c, "UnsupportedTensorError", ["w2_weight", "no", "w2_weight_scale"]),
+        (with_expert_0_stored_too, lambda c: c, "UnsupportedTensorError", ["experts.0.down_proj.weight", "slice of the fused"]),
     ],
-    ids=["gpt-oss-model-type", "gpt-oss-tensors", "expert-bias", "missing-scale"],
+    ids=["gpt-oss-model-type", "gpt-oss-tensors", "expert-bias", "missing-scale", "fused-and-per-expert"],
 )
 def test_fused_mxfp4_refusals_say_why(tmp_path, edit, config_edit, error, words):
     import ascendconv.errors as errors

@@ -134,15 +134,15 @@ def mx_source(
     """The Source of an MX format's linears; `split`: the tensors as the format splits stored ones
     (fused experts), else the checkpoint's own."""
     base = checkpoint.tensors if split is None else split
-    logical = without_companions(base, linears, layouts)
-    logical = split if logical is None else logical
+    kept = without_companions(base, linears, layouts)
+    logical = split if kept is None else kept
     tensors = checkpoint.tensors if logical is None else logical
     check_source_tensors(checkpoint.root, tensors, linears, checkpoint.config)
     encodings = sorted({linear.encoding.value for linear in linears.values()})
     shown_config = {
         "format": fmt.name, "label": fmt.label, "quant_method": fmt.quant_method, "weight_block_size": None,
         "activation_scheme": "dynamic", "scale_fmt": "e8m0", "encodings": encodings,
-        "companions_dropped": 0 if logical is None else len(checkpoint.tensors) - len(logical), **shown_config,
+        "companions_dropped": 0 if kept is None else len(base) - len(kept), **shown_config,
     }
     return Source(checkpoint, fmt.name, quant, linears, {**params, "encodings": encodings}, shown_config, logical)
 
