@@ -451,3 +451,16 @@ def test_fused_mxfp4_refusals_say_why(tmp_path, edit, config_edit, error, words)
         with pytest.raises(errors.BlockedByTargetError) as caught:
             open_source(src)
         assert "BF16 re-upload" in caught.value.hint
+
+
+@pytest.mark.parametrize("experts", [0, 3, 5])
+def test_an_mx_moe_layer_the_config_disagrees_with_is_refused_as_verify_would(tmp_path, experts):
+    """The experts' packed weights are `weight_packed`, written `.weight`: convert counts them by the
+    package's names, so a config.json whose expert count differs is refused up front, as verify's
+    coverage check would refuse the package (found by test_fuzz)."""
+    from ascendconv.errors import IncompleteMoEError
+
+    src = make(tmp_path, "ct-mxfp4")
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "num_experts": experts}))
+    refused(src, tmp_path, IncompleteMoEError, ["model.layers.0.mlp has 4 experts but config.json says " + str(experts)])
