@@ -146,6 +146,18 @@ class InexactSourceError(UnsupportedSourceError):
     default_hint = "convert the model from its BF16 or FP8 release instead (docs/sources.md)"
 
 
+class BlockedByTargetError(UnsupportedSourceError):
+    """A source whose bytes would re-lay out exactly, but that vllm-ascend could not run as an
+    AscendV1 package (gpt-oss: expert biases and swigluoai in an MX MoE layer)."""
+
+    default_hint = "convert the model's BF16 release instead (docs/sources.md)"
+
+
+class NotYetSupportedSourceError(UnsupportedSourceError):
+    """A format that would re-lay out exactly but whose published layout is not confirmed
+    (ModelOpt MXFP4): refused rather than read by a guess."""
+
+
 class NoQuantizableLinearError(UnrecognizedCheckpointError):
     """A float checkpoint with nothing to quantize (no linear projection among its tensors)."""
 

@@ -303,6 +303,23 @@ FAMILIES: tuple[Family, ...] = (
             "qkv_proj when q/k/v have that type too, else into indexer_proj)",
         ),
     ),
+    # Kimi-K3 (kimi_k3, text model kimi_linear): the language model under language_model.model.,
+    # latent-MoE layers block_sparse_moe with routed experts experts.N.{w1,w3,w2} and shared_experts
+    # gate/up/down, gated MLA and KDA linear attention. The release quantizes only the routed experts
+    # (compressed-tensors MXFP4); vllm-ascend runs them as W4A8_MXFP, reading K3's compressed-tensors
+    # metadata or a ModelSlim description alike (its K3 MegaMoe work). Its packed-module table has no
+    # kimi_k3 entry; the groups here are the Kimi-Linear model's fused q/k/v and gate/up (sglang's
+    # packed mapping for it), which no linear of the release's package belongs to.
+    Family(
+        ("kimi_k3",),
+        "Kimi-K3",
+        expert_projections=(W1_W3_W2,),
+        packed=(QKV, GATE_UP),
+        roots=("language_model.model.", "model."),
+        shared_expert_names=("shared_experts",),
+        float_rules=((".kv_b_proj", KV_B_REASON),),
+        float_roots=("vision_tower.", "mm_projector."),
+    ),
     # DeepSeek-V4 (deepseek_v4): DeepSeek-native names without a root prefix (layers.L.attn.*,
     # layers.L.ffn.experts.E.w{1,2,3}, ffn.shared_experts.w{1,2,3}, mtp.0.*), compressor and indexer.
     # The package keeps these names in its weights and description: vllm-ascend's V4 loader renames

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-ITEMSIZE = {"F8_E4M3": 1, "F8_E8M0": 1, "I8": 1, "BF16": 2, "F32": 4, "I64": 8}
+ITEMSIZE = {"F8_E4M3": 1, "F8_E8M0": 1, "I8": 1, "U8": 1, "BF16": 2, "F32": 4, "I64": 8}
 BLOCK = 128
 
 
@@ -651,6 +651,107 @@ def deepseek_v4(name: str = "DeepSeek-V4-Flash-Base", fp4_experts: bool = False,
 
 def deepseek_v4_flash() -> Family:
     return deepseek_v4("DeepSeek-V4-Flash", fp4_experts=True, shards=46)  # shard count assumed
+
+
+# --- Kimi-K3 (compressed-tensors MXFP4 experts) ---------------------------------------------------
+
+
+def mxfp4(prefix: str, n: int, k: int) -> list:
+    """A compressed-tensors mxfp4-pack-quantized linear: packed E2M1 [N, K/2] and E8M0 [N, K/32]."""
+    return [(f"{prefix}.weight_packed", "U8", (n, k // 2)), (f"{prefix}.weight_scale", "U8", (n, k // 32))]
+
+
+def _bf16(prefix: str, n: int, k: int) -> tuple:
+    return (f"{prefix}.weight", "BF16", (n, k))
+
+
+def kimi_k3(layers: int = 93) -> Family:
+    """Kimi-K3 (kimi_k3, text model kimi_linear, 2.8T parameters): 93 layers under
+    language_model.model. of which 24 gated MLA and 69 KDA linear attention, layer 0 dense and 92
+    latent-MoE layers of 896 routed experts (block_sparse_moe.experts.E.w1 / w3 / w2) on a 3584-wide
+    latent, with two shared experts (6144 wide) on the full 7168; only the routed experts are
+    quantized (MXFP4, QAT: MXFP4A16), everything else BF16; 96 shards. Published: the layer split,
+    widths, expert count, KDA and per-layer residual tensors and the w1/w2/w3 weight_packed /
+    weight_scale names (public ports of the release); 1.56 TB and 96 shards. Assumed: which layers
+    are MLA (every 4th, and the last), the MLA, latent-projection, router and dense-MLP tensors
+    (names and dtypes), no weight_shape companions, no MTP and no vision tower tensors.
+
+    `layers` < 93 gives the first layers of the same checkpoint (every layer at full width, with all
+    896 experts, and the same shard count), a copy small enough to plan many ways in a test."""
+    h, experts, inter, latent, vocab = 7168, 896, 3072, 3584, 163840
+    heads, head_dim, q_lora, kv_lora, nope, rope, v_dim = 96, 128, 1536, 512, 128, 64, 128
+    mla_layers = [i for i in range(layers) if (i + 1) % 4 == 0 or i == 92]  # 23 every 4th and the last (assumed)
+    text = {
+        "architectures": ["KimiLinearForCausalLM"], "model_type": "kimi_linear", "hidden_size": h,
+        "num_hidden_layers": layers, "num_attention_heads": heads, "intermediate_size": 18432,
+        "moe_intermediate_size": inter, "num_experts": experts, "num_experts_per_token": 16,
+        "num_shared_experts": 2, "routed_expert_hidden_size": latent, "latent_moe_use_norm": True,
+        "first_k_dense_replace": 1, "moe_layer_freq": 1, "q_lora_rank": q_lora, "kv_lora_rank": kv_lora,
+        "qk_nope_head_dim": nope, "qk_rope_head_dim": rope, "v_head_dim": v_dim, "mla_use_nope": True,
+        "mla_use_output_gate": True, "hidden_act": "situ", "attn_res_block_size": 12, "vocab_size": vocab,
+        "linear_attn_config": {
+            "kda_layers": [i + 1 for i in range(layers) if i not in mla_layers],
+            "full_attn_layers": [i + 1 for i in mla_layers], "num_heads": heads, "head_dim": head_dim,
+            "short_conv_kernel_size": 4, "gate_lower_bound": -5.0, "use_full_rank_gate": True,
+        },
+    }  # fmt: skip
+    quant = {
+        "quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized",
+        "config_groups": {"group_0": {
+            "targets": ["Linear"], "format": "mxfp4-pack-quantized",
+            "weights": {"num_bits": 4, "type": "float", "strategy": "group", "group_size": 32,
+                        "symmetric": True, "dynamic": False},
+        }},
+        "ignore": ["re:.*self_attn.*", "re:.*shared_experts.*", "re:.*\\.mlp\\..*", "re:.*latent.*", "re:.*gate$",
+                   "language_model.lm_head", "re:vision_tower.*", "re:mm_projector.*"],
+    }  # fmt: skip
+    config = {"architectures": ["KimiK3ForConditionalGeneration"], "model_type": "kimi_k3", "text_config": text,
+              "quantization_config": quant}
+    root = "language_model.model"
+    p_dim = heads * head_dim
+    tensors = [(f"{root}.embed_tokens.weight", "BF16", (vocab, h))]
+    for i in range(layers):
+        p = f"{root}.layers.{i}"
+        tensors += [(f"{p}.{n}.weight", "BF16", (h,)) for n in ("input_layernorm", "post_attention_layernorm")]
+        for res in ("self_attention_res", "mlp_res"):
+            tensors += [(f"{p}.{res}_proj.weight", "BF16", (1, h)), (f"{p}.{res}_norm.weight", "BF16", (h,))]
+        a = f"{p}.self_attn"
+        if i in mla_layers:
+            tensors += [
+                _bf16(f"{a}.q_a_proj", q_lora, h), (f"{a}.q_a_layernorm.weight", "BF16", (q_lora,)),
+                _bf16(f"{a}.q_b_proj", heads * (nope + rope), q_lora), _bf16(f"{a}.kv_a_proj_with_mqa", kv_lora + rope, h),
+                (f"{a}.kv_a_layernorm.weight", "BF16", (kv_lora,)), _bf16(f"{a}.kv_b_proj", heads * (nope + v_dim), kv_lora),
+                _bf16(f"{a}.g_proj", heads * v_dim, h), _bf16(f"{a}.o_proj", h, heads * v_dim),
+            ]  # fmt: skip
+        else:
+            tensors += [_bf16(f"{a}.{x}_proj", p_dim, h) for x in "qkv"]
+            tensors += [(f"{a}.{x}_conv1d.weight", "F32", (p_dim, 1, 4)) for x in "qkv"]
+            tensors += [
+                _bf16(f"{a}.f_a_proj", head_dim, h), _bf16(f"{a}.f_b_proj", p_dim, head_dim), _bf16(f"{a}.b_proj", heads, h),
+                _bf16(f"{a}.g_proj", p_dim, h), (f"{a}.A_log", "F32", (head_dim,)), (f"{a}.dt_bias", "F32", (p_dim,)),
+                (f"{a}.o_norm.weight", "F32", (head_dim,)), _bf16(f"{a}.o_proj", h, p_dim),
+            ]  # fmt: skip
+        if i == 0:
+            m = f"{p}.mlp"
+            tensors += [_bf16(f"{m}.gate_proj", 18432, h), _bf16(f"{m}.up_proj", 18432, h), _bf16(f"{m}.down_proj", h, 18432)]
+            continue
+        m = f"{p}.block_sparse_moe"
+        tensors += [_bf16(f"{m}.gate", experts, h), (f"{m}.gate.e_score_correction_bias", "F32", (experts,))]
+        tensors += [_bf16(f"{m}.latent_down_proj", latent, h), (f"{m}.routed_expert_norm.weight", "BF16", (latent,)),
+                    _bf16(f"{m}.latent_up_proj", h, latent)]  # fmt: skip
+        for e in range(experts):
+            x = f"{m}.experts.{e}"
+            tensors += mxfp4(f"{x}.w1", inter, latent) + mxfp4(f"{x}.w2", latent, inter) + mxfp4(f"{x}.w3", inter, latent)
+        s = f"{m}.shared_experts"
+        tensors += [_bf16(f"{s}.gate_proj", 2 * inter, h), _bf16(f"{s}.up_proj", 2 * inter, h), _bf16(f"{s}.down_proj", h, 2 * inter)]
+    tensors += [(f"{root}.norm.weight", "BF16", (h,)), (f"{root}.output_attn_res_proj.weight", "BF16", (1, h)),
+                (f"{root}.output_attn_res_norm.weight", "BF16", (h,)), ("language_model.lm_head.weight", "BF16", (vocab, h))]  # fmt: skip
+    return Family("Kimi-K3" if layers == 93 else f"Kimi-K3 (first {layers} layers)", config, tensors, 96, hf_shard_name)
+
+
+# MX-native full-scale sources: tested on their own (tests/test_families.py, "MX-native families"),
+# not by the block-FP8 families' parametrized tests.
+MX_FAMILIES: dict[str, Callable[[], Family]] = {"kimi-k3": kimi_k3}
 
 
 FAMILIES: dict[str, Callable[[], Family]] = {

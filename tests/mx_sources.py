@@ -100,3 +100,47 @@ CONFIGS = {"ct": ct_config, "quark": quark_config, "modelopt": modelopt_config}
 def experts_mxfp4(prefix: str) -> str | None:
     """Quark's usual mix: routed experts OCP-MX fp4, the rest block FP8."""
     return MXFP4 if ".experts." in prefix else None
+
+
+def as_vllm_fused(per_expert: Path, dst: Path, edit=lambda tensors: tensors, config_edit=lambda cfg: cfg) -> Path:
+    """A compressed-tensors MXFP4 MoE checkpoint (`as_mx(..., "ct", ...)`, every linear MXFP4) laid
+    out as a community `quant_method: mxfp4` upload: each layer's experts fused into
+    `experts.w13_weight` [E, 2I, H/2] (each expert's gate rows, then its up rows) and
+    `experts.w2_weight` [E, H, I/2] with their E8M0 `_scale`s; every other linear unquantized (its
+    decoded values in BF16). `edit` may change one layer's fused tensors, `config_edit` config.json."""
+    import ml_dtypes
+
+    from ascendconv.formats import relayout
+
+    tensors = source_tensors(per_expert)
+
+    def stacked(layer, projections, suffix):
+        count = len({n.split(".experts.")[1].split(".")[0] for n in tensors if n.startswith(layer + ".experts.")})
+        parts = [as_array(tensors[f"{layer}.experts.{e}.{p}.{suffix}"]) for e in range(count) for p in projections]
+        width = len(projections)
+        fused = np.stack([np.concatenate(parts[i : i + width]) for i in range(0, len(parts), width)])
+        return ("U8", fused.shape, fused.tobytes())
+
+    def tensor(name, entry):
+        if ".experts." in name:
+            layer = name.split(".experts.")[0]
+            if name != f"{layer}.experts.0.gate_proj.weight_packed":
+                return {}
+            out = {}
+            for fused, projections in (("w13_weight", ("gate_proj", "up_proj")), ("w2_weight", ("down_proj",))):
+                out[f"{layer}.experts.{fused}"] = stacked(layer, projections, "weight_packed")
+                out[f"{layer}.experts.{fused}_scale"] = stacked(layer, projections, "weight_scale")
+            return edit(out)
+        if name.endswith(".weight_packed"):
+            prefix = name[: -len(".weight_packed")]
+            scale = as_array(tensors[prefix + ".weight_scale"])
+            values = relayout.decode(as_array(entry).view(np.uint8), scale, E2M1).astype(ml_dtypes.bfloat16)
+            return {prefix + ".weight": ("BF16", values.shape, values.tobytes())}
+        if name.endswith((".weight_scale", ".weight_shape")):
+            return {}
+        return {name: entry}
+
+    def config(cfg):
+        return config_edit({**cfg, "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": ["lm_head"]}})
+
+    return respell(per_expert, dst, tensor, config)

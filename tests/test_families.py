@@ -10,6 +10,7 @@ Expected counts are derived from each architecture, not copied from a run.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ from ascendconv.decide import SCHEMES, Deployment, Override
 from ascendconv.plan import Planner
 from ascendconv.verify import VerifyOptions, verify
 from conftest import FIXTURES, load_shard, save_shard
-from fullscale import FAMILIES, deepseek_v4, deepseek_v4_flash, write_sparse_checkpoint
+from fullscale import FAMILIES, MX_FAMILIES, deepseek_v4, deepseek_v4_flash, write_sparse_checkpoint
 
 # Published totals (docs/families.md, "Sources"): tensors, and bytes or GiB rounded to 2 places.
 # The 2026 figures: Qwen3.8-27B 28.75 GiB (the tensor count and exact bytes of a layout built from
@@ -717,3 +718,74 @@ def test_a_deepseek_v4_package_carries_mtp_0_head_and_verify_accepts_it(tmp_path
         package.update(load_shard(shard))
     assert package[V4_HEAD] == package["head.weight"]
     assert verify(out, VerifyOptions(source=src)).ok
+
+
+# --- MX-native families ------------------------------------------------------------------------------
+# Kimi-K3's release is compressed-tensors MXFP4 (its routed experts; everything else BF16). The
+# generator's full copy (497,052 tensors) is checked against the published figures; inspect and the
+# plans run on the first 4 layers of the same checkpoint (layer 0 dense, layers 1-3 MoE with all 896
+# full-size experts, layer 3 gated MLA, 96 shards), since the full copy takes minutes to plan twelve
+# ways on a shared machine and every layer of it is planned alike.
+K3_CUT = 4
+K3_MOE_LAYERS, K3_EXPERTS = K3_CUT - 1, 896
+K3_EXPERT_LINEARS = K3_MOE_LAYERS * K3_EXPERTS * 3  # w1, w3, w2 of each routed expert
+
+
+def test_kimi_k3_generator_matches_the_published_figures():
+    """1.56 TB in 96 shards (the release as downloaded), 93% of it routed experts; 92 MoE layers of
+    896 experts, each w1 / w3 [3072, 3584] and w2 [3584, 3072] as packed E2M1 plus E8M0 bytes."""
+    family = MX_FAMILIES["kimi-k3"]()
+    experts = [t for t in family.tensors if ".experts." in t[0]]
+    assert len(experts) == 92 * 896 * 3 * 2 and len({t[0] for t in family.tensors}) == len(family.tensors)
+    expert_bytes = 92 * 896 * 3 * (3072 * 3584 // 2 + 3072 * 3584 // 32)
+    assert sum(math.prod(shape) for _, _, shape in experts) == expert_bytes  # U8: a byte each
+    assert round(family.tensor_bytes / 1e12, 2) == 1.56 and family.shards == 96
+    assert round(expert_bytes / family.tensor_bytes, 2) == 0.93
+
+
+@pytest.fixture(scope="module")
+def kimi_k3_cut(tmp_path_factory):
+    root = write_sparse_checkpoint(MX_FAMILIES["kimi-k3"](K3_CUT), tmp_path_factory.mktemp("families") / "kimi-k3")
+    return root, Source.open(root)
+
+
+def test_kimi_k3_inspect_names_its_mx_experts(kimi_k3_cut):
+    root, _ = kimi_k3_cut
+    report = inspect_path(root)
+    assert report.family == "Kimi-K3" and report.warnings == [] and report.kind == "source"
+    assert report.quantization["format"] == "ct-mx" and report.quantization["encodings"] == ["mx_e2m1"]
+    assert (report.layers, report.moe_layers, report.routed_experts, report.shared_expert_layers) == (K3_CUT, K3_MOE_LAYERS, 896, 3)
+    assert report.fp8_linears == K3_EXPERT_LINEARS  # only the routed experts are quantized in the release
+    for scheme in ("native", "w4a8-mxfp-moe", "w4a8-mxfp"):
+        assert report.schemes[scheme].modules["W4A8_MXFP"] == K3_EXPERT_LINEARS, scheme
+
+
+@pytest.mark.parametrize("tp", [1, 8, 16])
+@pytest.mark.parametrize("ep", [False, True])
+def test_kimi_k3_every_expert_is_relaid_at_every_deployment(kimi_k3_cut, tp, ep):
+    """native and w4a8-mxfp-moe write each routed expert W4A8_MXFP, its bytes the source's: w2's K of
+    3072 splits to 384 (--tp 8) and 192 (--tp 16) per rank, multiples of 64, so nothing falls back."""
+    _, source = kimi_k3_cut
+    planner = Planner.for_source(source, Deployment(tp=tp, ep=ep))
+    for scheme in ("native", "w4a8-mxfp-moe"):
+        plan = planner.plan(scheme)
+        assert plan.type_counts() == {"FLOAT": 0, "W8A8_MXFP8": 0, "W4A16_MXFP4": 0, "W4A8_MXFP": K3_EXPERT_LINEARS, "W4A4_MXFP4": 0}
+        assert plan.conversion_counts() == {"relaid": K3_EXPERT_LINEARS, "requantized": 0}, scheme
+        assert plan.fallbacks == [] and plan.warnings == [], scheme
+        relaid = [t for t in plan.tensors if t.kind == "mx_relaid"]
+        assert len(relaid) == K3_EXPERT_LINEARS and {t.transform for t in relaid} == {"as-stored"}
+        assert {t.source for t in relaid} == {f"{p}.weight_packed" for p in source.linears}
+
+
+@pytest.mark.parametrize("args", [["--scheme", "native", "--tp", "16"], ["--scheme", "w4a8-mxfp-moe", "--tp", "8", "--ep"]])
+def test_kimi_k3_dry_run_json(kimi_k3_cut, args):
+    root, _ = kimi_k3_cut
+    result = CliRunner().invoke(app, ["convert", str(root), "unused-out", *args, "--dry-run", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["modules"]["W4A8_MXFP"] == K3_EXPERT_LINEARS and data["fallbacks"] == [] and data["warnings"] == []
+    assert data["conversion_counts"] == {"relaid": K3_EXPERT_LINEARS, "requantized": 0}
+    experts = {t for t in data["description"] if ".experts." in t and t.endswith(".weight")}
+    assert len(experts) == K3_EXPERT_LINEARS and all(data["conversions"][t] == "relaid" for t in experts)
+    assert {data["description"][t] for t in experts} == {"W4A8_MXFP"}
+    assert {label for t, label in data["description"].items() if ".experts." not in t and t.endswith(".weight")} == {"FLOAT"}

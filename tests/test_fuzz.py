@@ -322,13 +322,14 @@ def test_fuzz_float_config(respelled, data):
 @pytest.fixture(scope="module")
 def mx_sources(tmp_path_factory) -> dict[str, Path]:
     """The MoE fixture as each MX-native format stores it (tests/mx_sources.py)."""
-    from mx_sources import MXFP4, MXFP8, as_mx, experts_mxfp4
+    from mx_sources import MXFP4, MXFP8, as_mx, as_vllm_fused, experts_mxfp4
 
     root = tmp_path_factory.mktemp("mx")
     return {
         "ct": as_mx(MOE, root / "ct", "ct", lambda p: MXFP4 if ".experts." in p else MXFP8, weight_shape=True),
         "quark": as_mx(MOE, root / "quark", "quark", experts_mxfp4),
         "modelopt": as_mx(MOE, root / "modelopt", "modelopt", lambda p: MXFP8),
+        "mxfp4-fused": as_vllm_fused(as_mx(MOE, root / "ct-mxfp4", "ct"), root / "mxfp4-fused"),
     }
 
 
@@ -336,7 +337,8 @@ def mx_sources(tmp_path_factory) -> dict[str, Path]:
 @given(data=st.data())
 def test_fuzz_mx_source_config(mx_sources, data):
     """The configs of the MX-native formats (compressed-tensors groups, Quark's per-layer specs,
-    ModelOpt's quant_algo), mutated: converted and verified, or refused by name."""
+    ModelOpt's quant_algo, the fused MXFP4 layout's model_type), mutated: converted and verified,
+    or refused by name."""
     layout = data.draw(st.sampled_from(sorted(mx_sources)))
     text, _ = data.draw(mutated(json.loads((mx_sources[layout] / "config.json").read_text())))
     with Workspace(mx_sources[layout]) as ws:

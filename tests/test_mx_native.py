@@ -34,7 +34,7 @@ from ascendconv.formats.constants import E2M1, E4M3
 from ascendconv.sources import open_source
 from ascendconv.verify import VerifyOptions, verify
 from conftest import FIXTURES, as_array, load_shard
-from mx_sources import MXFP4, MXFP8, as_mx, experts_mxfp4, source_tensors
+from mx_sources import MXFP4, MXFP8, as_mx, as_vllm_fused, experts_mxfp4, source_tensors
 from test_source_formats import respell
 
 runner = CliRunner()
@@ -318,3 +318,149 @@ def test_the_exact_fallback_and_the_decode_agree_with_the_reference(packed, scal
     values = relayout.decode(packed, scales, E2M1)
     assert np.array_equal(values, mx.dequantize_mx(elements.unpack_fp4(packed), scales, E2M1))
     assert np.array_equal(mx.dequantize_mx(relayout.e2m1_as_e4m3(packed), scales, E4M3), values)
+
+
+MXFP8_ACTIVATIONS = {"num_bits": 8, "type": "float", "strategy": "group", "group_size": 32, "dynamic": True}
+
+
+@pytest.mark.parametrize("activations", [None, MXFP8_ACTIVATIONS], ids=["MXFP4A16", "MXFP4xMXFP8"])
+@pytest.mark.parametrize("scheme,expert_type", [("native", "W4A8_MXFP"), ("w4a8-mxfp-moe", "W4A8_MXFP"), ("w4a16-mxfp4-moe", "W4A16_MXFP4")])
+def test_mxfp4_experts_take_the_type_vllm_ascend_loads_them_as(tmp_path, activations, scheme, expert_type):
+    """compressed-tensors MXFP4 experts, weight-only (no input_activations: MXFP4A16) or with MXFP8
+    activations: --scheme native writes them W4A8_MXFP (what vllm-ascend's own compressed-tensors
+    loader makes of an MXFP4A16 MoE layer), w4a16-mxfp4-moe W4A16_MXFP4; either way the payload and
+    scale bytes are the source's (as-stored), and the linears are relaid too (as-stored under native,
+    e2m1-as-e4m3 under the -moe schemes' W8A8_MXFP8)."""
+    src = make(tmp_path, "ct-mxfp4")
+    if activations is not None:
+        src = edit_config(src, lambda q: q["config_groups"]["group_0"].update(input_activations=activations))
+    out = tmp_path / "out"
+    result = convert(src, out, ConvertOptions(scheme=scheme))
+    description = json.loads((out / "quant_model_description.json").read_text())
+    package = package_tensors(out)
+    linears = mx_weights(src)
+    assert result.plan.conversion_counts() == {"relaid": len(linears), "requantized": 0} == {"relaid": 31, "requantized": 0}
+    for prefix, (payload, scale, _) in linears.items():
+        written = description[prefix + ".weight"]
+        assert package[prefix + ".weight_scale"] == ("U8", scale[1], scale[2]), prefix
+        if ".experts." in prefix:
+            assert written == expert_type and package[prefix + ".weight"] == ("U8", payload[1], payload[2]), prefix
+        elif scheme == "native":
+            assert written == "W4A8_MXFP" and package[prefix + ".weight"] == ("U8", payload[1], payload[2]), prefix
+        else:
+            want = relayout.e2m1_as_e4m3(as_array(payload))
+            assert written == "W8A8_MXFP8" and package[prefix + ".weight"] == ("F8_E4M3", want.shape, want.tobytes()), prefix
+    report = verify(out, VerifyOptions(source=src, moe_check=True))
+    assert report.ok, [c.to_dict() for c in report.checks if not c.ok]
+    assert "31 re-laid MX weights equal their source bytes" in next(c for c in report.checks if c.name == "exact").detail
+
+
+def test_modelopt_mxfp4_is_refused_as_not_supported_yet(tmp_path):
+    """Its bytes would re-lay out exactly, but no published checkpoint confirms its tensor names:
+    refused by name, not read by a guess."""
+    from ascendconv.errors import NotYetSupportedSourceError
+
+    src = edit_config(make(tmp_path, "modelopt"), lambda q: q.update(quant_algo="MXFP4"))
+    refused(src, tmp_path, NotYetSupportedSourceError, ["quant_algo is 'MXFP4'", "not supported yet", "not confirmed"])
+
+
+# --- quant_method mxfp4: experts fused as vLLM's FusedMoE stores them ---------------------------
+
+
+def fused_mxfp4(tmp_path: Path, edit=lambda tensors: tensors, config_edit=lambda cfg: cfg) -> Path:
+    return as_vllm_fused(make(tmp_path, "ct-mxfp4"), tmp_path / "fused", edit, config_edit)
+
+
+def test_fused_mxfp4_experts_are_split_per_expert_byte_for_byte(tmp_path):
+    """Every expert's gate, up and down payload and scale in the package is its byte range of the
+    fused source tensor, unchanged, and equals what the same experts stored one by one give; verify
+    proves each from the source."""
+    src = fused_mxfp4(tmp_path)
+    source = open_source(src)
+    assert source.format == "mxfp4-fused" and source.quantization["fused_experts_split"] == 8
+    assert source.quantization["companions_dropped"] == 0 and source.params["layout"] == "vllm-fused"
+    assert all(".experts." in prefix for prefix in source.linears) and len(source.linears) == 24
+    out = tmp_path / "out"
+    result = convert(src, out, ConvertOptions(scheme="native"))
+    assert result.plan.conversion_counts() == {"relaid": 24, "requantized": 0}  # the unquantized rest is copied
+    package = package_tensors(out)
+    fused = source_tensors(src)
+    for layer in ("model.layers.0.mlp", "model.layers.1.mlp"):
+        for stored, projections in (("w13_weight", ("gate_proj", "up_proj")), ("w2_weight", ("down_proj",))):
+            for suffix, name in (("", "weight"), ("_scale", "weight_scale")):
+                dtype, shape, data = fused[f"{layer}.experts.{stored}{suffix}"]
+                rows, piece = shape[1] // len(projections), shape[1] // len(projections) * shape[2]
+                for e in range(shape[0]):
+                    for i, projection in enumerate(projections):
+                        start = (e * len(projections) + i) * piece
+                        got = package[f"{layer}.experts.{e}.{projection}.{name}"]
+                        assert got == ("U8", (rows, shape[2]), data[start : start + piece]), (layer, e, projection, name)
+    convert(tmp_path / "src-ct-mxfp4-qwen3-moe-fp8", tmp_path / "ref", ConvertOptions(scheme="native"))
+    per_expert = package_tensors(tmp_path / "ref")
+    assert {n: e for n, e in package.items() if ".experts." in n} == {n: e for n, e in per_expert.items() if ".experts." in n}
+    description = json.loads((out / "quant_model_description.json").read_text())
+    assert {description[p + ".weight"] for p in source.linears} == {"W4A8_MXFP"}
+    report = verify(out, VerifyOptions(source=src, moe_check=True))
+    assert report.ok, [c.to_dict() for c in report.checks if not c.ok]
+    assert "24 re-laid MX weights equal their source bytes" in next(c for c in report.checks if c.name == "exact").detail
+
+
+def gpt_oss_experts(out):
+    """gpt-oss's names for one layer's experts instead of vLLM's."""
+    renamed = {}
+    for name, (dtype, shape, data) in out.items():
+        layer = name.split(".experts.")[0]
+        proj = "gate_up_proj" if "w13" in name else "down_proj"
+        kind = "_scales" if name.endswith("_scale") else "_blocks"
+        renamed[f"{layer}.experts.{proj}{kind}"] = (dtype, shape, data)
+    return renamed
+
+
+def with_expert_bias(out):
+    layer = next(iter(out)).split(".experts.")[0]
+    experts, rows = out[f"{layer}.experts.w13_weight"][1][:2]
+    return {**out, f"{layer}.experts.w13_bias": ("BF16", (experts, rows), bytes(2 * experts * rows))}
+
+
+def without_w2_scale(out):
+    return {n: e for n, e in out.items() if not n.endswith("w2_weight_scale")}
+
+
+def with_expert_0_stored_too(out):
+    layer = next(iter(out)).split(".experts.")[0]
+    return {**out, f"{layer}.experts.0.down_proj.weight": ("BF16", (4, 4), bytes(32))}
+
+
+@pytest.mark.parametrize(
+    "edit,config_edit,error,words",
+    [
+        (lambda o: o, lambda c: {**c, "model_type": "gpt_oss"}, "BlockedByTargetError", ["gpt_oss", "blocked by the target", "expert biases", "swigluoai"]),
+        (gpt_oss_experts, lambda c: c, "BlockedByTargetError", ["gate_up_proj_blocks", "gpt-oss", "blocked by the target"]),
+        (with_expert_bias, lambda c: c, "BlockedByTargetError", ["w13_bias", "expert bias"]),
+        (without_w2_scale, lambda c: c, "UnsupportedTensorError", ["w2_weight", "no", "w2_weight_scale"]),
+        (with_expert_0_stored_too, lambda c: c, "UnsupportedTensorError", ["experts.0.down_proj.weight", "slice of the fused"]),
+    ],
+    ids=["gpt-oss-model-type", "gpt-oss-tensors", "expert-bias", "missing-scale", "fused-and-per-expert"],
+)
+def test_fused_mxfp4_refusals_say_why(tmp_path, edit, config_edit, error, words):
+    import ascendconv.errors as errors
+
+    src = fused_mxfp4(tmp_path, edit, config_edit)
+    refused(src, tmp_path, getattr(errors, error), words)
+    if error == "BlockedByTargetError":
+        with pytest.raises(errors.BlockedByTargetError) as caught:
+            open_source(src)
+        assert "BF16 re-upload" in caught.value.hint
+
+
+@pytest.mark.parametrize("experts", [0, 3, 5])
+def test_an_mx_moe_layer_the_config_disagrees_with_is_refused_as_verify_would(tmp_path, experts):
+    """The experts' packed weights are `weight_packed`, written `.weight`: convert counts them by the
+    package's names, so a config.json whose expert count differs is refused up front, as verify's
+    coverage check would refuse the package (found by test_fuzz)."""
+    from ascendconv.errors import IncompleteMoEError
+
+    src = make(tmp_path, "ct-mxfp4")
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "num_experts": experts}))
+    refused(src, tmp_path, IncompleteMoEError, ["model.layers.0.mlp has 4 experts but config.json says " + str(experts)])

@@ -105,6 +105,8 @@ def check_source_tensors(root: Path, tensors: dict[str, TensorEntry], linears: d
                 f"{bias.path.name}: bias {shown(bias.name)} of a quantized linear is {bias.dtype}, not a float dtype",
                 f"an MX layer's bias is written as F32 from one of {', '.join(FLOAT_DTYPES)}",
             )
-    problems = moe_coverage_problems(tensors, config, f"{root}")
+    # over the names the package gives them: an MX weight stored as `weight_packed` is written `.weight`
+    package_names = {linear.weight.name: linear.prefix + ".weight" for linear in linears.values()}
+    problems = moe_coverage_problems((package_names.get(n, n) for n in tensors), config, f"{root}")
     if problems:
         raise IncompleteMoEError(problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))

@@ -15,11 +15,13 @@ from ascendconv.sources.ct_fp8 import CompressedTensorsFp8
 from ascendconv.sources.ds_v4 import DeepSeekV4
 from ascendconv.sources.hf_fp8_block import HfFp8Block
 from ascendconv.sources.mx_native import CompressedTensorsMx, ModelOptMxfp8, QuarkOcpMx, modelopt_quantization_config
+from ascendconv.sources.mxfp4_fused import VllmFusedMxfp4
 from ascendconv.sources.plain import PlainFloat
 
 # Tried in this order: a format that shares its quant_method with a more general one comes first.
 FORMATS: tuple[SourceFormat, ...] = (
-    DeepSeekV4(), HfFp8Block(), CompressedTensorsMx(), CompressedTensorsFp8(), QuarkOcpMx(), ModelOptMxfp8(), PlainFloat()
+    DeepSeekV4(), HfFp8Block(), CompressedTensorsMx(), CompressedTensorsFp8(), QuarkOcpMx(), ModelOptMxfp8(),
+    VllmFusedMxfp4(), PlainFloat(),
 )
 FORMAT_NAMES = tuple(f.name for f in FORMATS)
 

@@ -23,6 +23,24 @@ from ascendconv.io.safetensors import SafetensorsHeader, TensorEntry, TensorRead
 INDEX_NAME = "model.safetensors.index.json"
 
 
+def expert_slices(entry: TensorEntry, experts: str, parts: tuple[tuple[str, int], ...], suffix: str) -> dict[str, TensorEntry]:
+    """A fused 3-D (or more) expert tensor [E, rows, ...] as one tensor per expert and part: expert
+    e's `parts` ((projection, rows), in the order stored, e.g. gate rows then up rows) become
+    `{experts}.{e}.{projection}{suffix}`, each a contiguous byte range of the stored tensor (so
+    reading them in order stays sequential)."""
+    count, rows = entry.shape[0], entry.shape[1]
+    row_bytes = entry.nbytes // (count * rows) if count * rows else 0
+    out: dict[str, TensorEntry] = {}
+    offset = entry.offset
+    for e in range(count):
+        for projection, part_rows in parts:
+            name = f"{experts}.{e}.{projection}{suffix}"
+            nbytes = part_rows * row_bytes
+            out[name] = TensorEntry(name, entry.dtype, (part_rows, *entry.shape[2:]), entry.path, offset, nbytes)
+            offset += nbytes
+    return out
+
+
 def find_quantization_config(config: dict) -> tuple[dict | None, str]:
     """config.json's quantization_config and where it sits (top level, or under text_config as
     vision-language wrappers put it)."""

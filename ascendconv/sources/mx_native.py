@@ -32,6 +32,7 @@ from ascendconv.errors import (
     ConfigError,
     InexactSourceError,
     MissingScaleError,
+    NotYetSupportedSourceError,
     ScaleDtypeError,
     ScaleShapeError,
     UnsupportedSourceError,
@@ -53,6 +54,14 @@ NVFP4_WHY = (
     "exactly, and ascendconv does not re-quantize FP4 silently"
 )
 FP6_WHY = "AscendV1 has no FP6 type and vllm-ascend no FP6 scheme"
+# The bytes would re-lay out exactly (packed E2M1 [N, K/2] + E8M0 [N, K/32], element 2j low), but no
+# published ModelOpt MXFP4 checkpoint pins down its tensor names, and vLLM's ModelOpt loader has no
+# MXFP4 either: reading it would be a guess.
+MODELOPT_MXFP4_WHY = (
+    "ModelOpt MXFP4 is not supported yet: its bytes would re-lay out exactly, but the tensor names of a "
+    "published ModelOpt MXFP4 checkpoint are not confirmed, and ascendconv does not guess which tensor is which"
+)
+MODELOPT_MXFP4_HINT = "convert the model's BF16 (or MXFP8 / block-FP8) release, or report the checkpoint so its layout can be added"
 
 
 @dataclass(frozen=True)
@@ -118,15 +127,22 @@ def without_companions(tensors: dict[str, TensorEntry], linears: dict[str, Sourc
     return {n: e for n, e in tensors.items() if n not in drop} if drop else None
 
 
-def mx_source(fmt: SourceFormat, checkpoint: Checkpoint, quant, linears, layouts, params: dict, shown_config: dict) -> Source:
-    logical = without_companions(checkpoint.tensors, linears, layouts)
+def mx_source(
+    fmt: SourceFormat, checkpoint: Checkpoint, quant, linears, layouts, params: dict, shown_config: dict,
+    split: dict[str, TensorEntry] | None = None,
+) -> Source:
+    """The Source of an MX format's linears; `split`: the tensors as the format splits stored ones
+    (fused experts), else the checkpoint's own."""
+    base = checkpoint.tensors if split is None else split
+    kept = without_companions(base, linears, layouts)
+    logical = split if kept is None else kept
     tensors = checkpoint.tensors if logical is None else logical
     check_source_tensors(checkpoint.root, tensors, linears, checkpoint.config)
     encodings = sorted({linear.encoding.value for linear in linears.values()})
     shown_config = {
         "format": fmt.name, "label": fmt.label, "quant_method": fmt.quant_method, "weight_block_size": None,
         "activation_scheme": "dynamic", "scale_fmt": "e8m0", "encodings": encodings,
-        "companions_dropped": 0 if logical is None else len(checkpoint.tensors) - len(logical), **shown_config,
+        "companions_dropped": 0 if kept is None else len(base) - len(kept), **shown_config,
     }
     return Source(checkpoint, fmt.name, quant, linears, {**params, "encodings": encodings}, shown_config, logical)
 
@@ -372,18 +388,31 @@ def modelopt_quantization_config(root: Path) -> dict | None:
 
 
 @dataclass(frozen=True)
-class ModelOptConfig:
+class ExcludeConfig:
+    """What a format with one MX quantization for every linear keeps of its config: the modules the
+    release left unquantized, and where the config sits."""
+
     exclude: tuple[str, ...]
     location: str
 
 
-def parse_modelopt_config(config: dict, config_path: Path) -> ModelOptConfig:
+def module_names(value: object, at: str) -> tuple[str, ...]:
+    """A config's list of module names or patterns (absent: none), checked."""
+    value = value or []
+    if not (isinstance(value, list) and all(isinstance(e, str) for e in value)):
+        raise ConfigError(f"{at} is {shown(value)}, expected a list of module names or patterns")
+    return tuple(value)
+
+
+def parse_modelopt_config(config: dict, config_path: Path) -> ExcludeConfig:
     quant, location = find_quantization_config(config)
     where = f"{config_path}: {location}"
     nested = quant.get("quantization") if isinstance(quant.get("quantization"), dict) else {}
     algo = quant.get("quant_algo", nested.get("quant_algo"))
     if algo == "NVFP4":
         raise InexactSourceError(f"{where}.quant_algo is 'NVFP4': {NVFP4_WHY}")
+    if algo == "MXFP4":
+        raise NotYetSupportedSourceError(f"{where}.quant_algo is 'MXFP4': {MODELOPT_MXFP4_WHY}", MODELOPT_MXFP4_HINT)
     if algo != "MXFP8":
         raise UnsupportedSourceError(
             f"{where}.quant_algo is {shown(algo)}; ascendconv reads ModelOpt checkpoints quantized as 'MXFP8'"
@@ -391,10 +420,8 @@ def parse_modelopt_config(config: dict, config_path: Path) -> ModelOptConfig:
     group = quant.get("group_size", nested.get("group_size", GROUP_SIZE))
     if group != GROUP_SIZE:
         raise UnsupportedSourceError(f"{where}.group_size is {shown(group)}; MX groups are {GROUP_SIZE} values")
-    exclude = quant.get("exclude_modules", quant.get("ignore", nested.get("exclude_modules"))) or []
-    if not (isinstance(exclude, list) and all(isinstance(e, str) for e in exclude)):
-        raise ConfigError(f"{where}.exclude_modules is {shown(exclude)}, expected a list of module names or patterns")
-    return ModelOptConfig(tuple(exclude), location)
+    exclude = quant.get("exclude_modules", quant.get("ignore", nested.get("exclude_modules")))
+    return ExcludeConfig(module_names(exclude, f"{where}.exclude_modules"), location)
 
 
 class ModelOptMxfp8(SourceFormat):
@@ -402,10 +429,10 @@ class ModelOptMxfp8(SourceFormat):
     label = "NVIDIA ModelOpt MXFP8"
     quant_method = MODELOPT_METHOD
 
-    def parse(self, config: dict, config_path: Path) -> ModelOptConfig:
+    def parse(self, config: dict, config_path: Path) -> ExcludeConfig:
         return parse_modelopt_config(config, config_path)
 
-    def open(self, checkpoint: Checkpoint, quant: ModelOptConfig) -> Source:
+    def open(self, checkpoint: Checkpoint, quant: ExcludeConfig) -> Source:
         layout = LAYOUTS["modelopt-mxfp8"]
         linears = {}
         for name, entry in checkpoint.tensors.items():

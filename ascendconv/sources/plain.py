@@ -15,9 +15,9 @@ from pathlib import Path
 
 from ascendconv.errors import NoQuantizableLinearError, UnrecognizedCheckpointError, UnsupportedTensorError, shown
 from ascendconv.io.rules import check_source_tensors
-from ascendconv.io.safetensors import TensorEntry, itemsize
+from ascendconv.io.safetensors import TensorEntry
 from ascendconv.sources.base import WEIGHT_SUFFIX, Encoding, Source, SourceFormat, SourceLinear
-from ascendconv.sources.checkpoint import Checkpoint
+from ascendconv.sources.checkpoint import Checkpoint, expert_slices
 
 FLOAT_DTYPES = ("BF16", "F16", "F32")
 FP8_DTYPES = ("F8_E4M3", "F8_E5M2", "F8_E8M0")
@@ -120,7 +120,7 @@ def split_fused_experts(tensors: dict[str, TensorEntry], config: dict) -> dict[s
                 f"{entry.path.name}: fused expert tensor {shown(name)} is {entry.dtype} {list(entry.shape)}",
                 "ascendconv splits fused 3-D experts of float checkpoints; quantized ones must be stored per expert",
             )
-        experts, rows, cols = entry.shape
+        rows, cols = entry.shape[1:]
         gate_up = match["proj"] == "gate_up_proj"
         if hidden is not None and cols != hidden and (gate_up or rows == hidden):
             raise UnsupportedTensorError(
@@ -133,13 +133,6 @@ def split_fused_experts(tensors: dict[str, TensorEntry], config: dict) -> dict[s
                 f"{entry.path.name}: fused expert tensor {shown(name)} has {rows} rows: gate and up halves need an even count"
             )
         parts = (("gate_proj", rows // 2), ("up_proj", rows // 2)) if gate_up else (("down_proj", rows),)
-        size = itemsize(entry.dtype)
-        offset = entry.offset
-        for e in range(experts):
-            for proj, part_rows in parts:
-                piece = f"{match['experts']}.{e}.{proj}.weight"
-                nbytes = part_rows * cols * size
-                out[piece] = TensorEntry(piece, entry.dtype, (part_rows, cols), entry.path, offset, nbytes)
-                offset += nbytes
+        out.update(expert_slices(entry, match["experts"], parts, WEIGHT_SUFFIX))
         split = True
     return out if split else None

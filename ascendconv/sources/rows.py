@@ -33,11 +33,50 @@ class Fp8TileRows:
     """Rows of an FP8-tile linear (any FP8 spelling: the tile multipliers are float32 once read).
 
     Each chunk of rows reads the rows of tile scales it needs, and no more: memory follows the
-    pipeline's chunks, whatever the tile size (a [1, 1] tile has as many scales as weights)."""
+    pipeline's chunks, whatever the tile size (a [1, 1] tile has as many scales as weights).
+
+    verify compares such a weight in bands of tile rows, sampled or all, with the weight's tile
+    scales read once (`tile_scales`): `rederive`, `error_sums` and `resolved` take them."""
+
+    compared_as = "tile bands"  # how verify compares it (verify/accuracy.py)
 
     def __init__(self, impl, source: Source, linear: SourceLinear):
         self.impl, self.source, self.linear = impl, source, linear
         self.row_bytes = linear.shape[1]
+
+    @property
+    def band_rows(self) -> int:
+        """Rows of one band verify samples: a row of tiles."""
+        return self.linear.block[0]
+
+    def tile_scales(self) -> "np.ndarray":
+        """The weight's tile multipliers, float32 [tile rows, tile columns], checked finite."""
+        return self.source.read_scale(self.linear)
+
+    def rederive(self, codes, scale, row_start: int, fmt, rule: str | None, resolve_dtype: str, impl=None, **out):
+        """What convert writes for E4M3 codes rows [row_start, ...) given the weight's tile scales:
+        (payload, E8M0 scale bytes), or (BF16 rows, None) where `fmt` is None (written FLOAT); with
+        `impl` (the numpy reference) instead of this one's. ValueError on NaN / overflow, as both raise."""
+        impl = impl or self.impl
+        if fmt is None:
+            return impl.resolve_rows_bf16(codes, scale, self.linear.block, row_start, **out), None
+        return impl.requantize_rows(codes, scale, self.linear.block, row_start, resolve_dtype, fmt, rule, **out)
+
+    def error_sums(self, codes, scale, row_start: int, resolve_dtype: str, fmt, payload, scales):
+        """(reference sum of squares, error sum of squares, max |error|, saturated count) of package
+        rows (payload, scales) against the resolved codes rows [row_start, ...)."""
+        return self.impl.error_sums(codes, scale, self.linear.block, row_start, resolve_dtype, fmt, payload, scales)
+
+    def resolved(self, codes, scale, rows: "np.ndarray", resolve_dtype: str) -> "np.ndarray":
+        """float32 values of the source rows `rows` (their codes `codes`), each resolved with its own
+        row of tile scales."""
+        from ascendconv.formats.resolve import resolve_tiles
+
+        bn, bk = self.linear.block
+        return resolve_tiles(codes, scale[rows // bn], (1, bk), resolve_dtype)
+
+    def first_nan(self, codes) -> tuple[int, ...] | None:
+        return self.impl.first_nan_code(codes)
 
     def _scales_for(self, row_start: int, rows: int) -> tuple["np.ndarray", int]:
         """The tile scales of rows [row_start, row_start + rows), and the first row's offset into
@@ -81,6 +120,8 @@ class FloatRows:
     """Rows of a float linear (BF16 / F16 / F32 values, widened exactly to float32), quantized as
     they are. Written FLOAT, a float linear is copied (plan.py), so there is no `to_bf16`."""
 
+    compared_as = "value rows"  # verify: every row re-derived from the values
+
     def __init__(self, impl, source: Source, linear: SourceLinear):
         from ascendconv.io.safetensors import itemsize
 
@@ -110,6 +151,8 @@ class MxRows:
     named exact transform (formats/relayout.py) where the written type allows, else decoded to
     float32 (code x 2**(b - 127)) and quantized, or rounded to BF16 for a module written FLOAT.
     Each chunk reads the scale rows it needs, checked for the NaN byte 0xFF."""
+
+    compared_as = "payload rows"  # verify: every row, relaid ones against the source bytes
 
     def __init__(self, impl, source: Source, linear: SourceLinear):
         from ascendconv.formats.constants import E2M1, E4M3

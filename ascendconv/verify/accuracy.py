@@ -15,13 +15,12 @@ import numpy as np
 
 from ascendconv.ascendv1 import PROVENANCE_NAME
 from ascendconv.errors import HeaderError, NaNCodeError, NonFiniteScaleError, NonFiniteValueError
-from ascendconv.formats import requantize, resolve
+from ascendconv.formats import requantize
 from ascendconv.ascendv1 import MX_TYPES, QUANT_TYPES
 from ascendconv.formats.constants import FLOAT, GROUP_SIZE, RESOLVE_DTYPES, SCALE_RULES, transform_for
 from ascendconv.formats.metrics import ErrorAccumulator, ErrorStats
 from ascendconv.io.safetensors import TensorEntry, TensorReader
-from ascendconv.sources.base import NATIVE_TYPES, Encoding
-from ascendconv.sources.rows import FloatRows, MxRows, entry_points
+from ascendconv.sources.rows import entry_points, linear_rows
 from ascendconv.verify.checks import STRUCTURAL_HINT, make_check, skip_check
 from ascendconv.verify.layout import CHUNK_BYTES, FLOAT_DTYPES, _Layout, _Module, _row_chunks
 from ascendconv.verify.rows import _dequantize, _mapped_rows, _read_package_rows
@@ -317,32 +316,37 @@ class _Rederive:
         kernels.compile_entry_points(needed, notice)
 
     def linear(self, reader: TensorReader, linear, module: _Module) -> _Compared:
-        if linear.encoding is Encoding.FLOAT:
-            return self.float_linear(reader, linear, module)
-        if linear.encoding in NATIVE_TYPES:
-            return self.mx_linear(reader, linear, module)
+        """A source linear compared as its row operations say (sources/rows.py): in bands of tile
+        rows, or every row from its values or its payload; which format it is, is theirs to know."""
+        rows_of = linear_rows(self.kernels, self.source, linear)
+        compare = {"tile bands": self.tiled_linear, "value rows": self.float_linear, "payload rows": self.mx_linear}
+        return compare[rows_of.compared_as](reader, linear, module, rows_of)
+
+    def tiled_linear(self, reader: TensorReader, linear, module: _Module, rows_of) -> _Compared:
+        """A linear whose rows resolve with tile scales: sampled bands of tile rows (every band with
+        --exact-full) re-derived with the kernels, the error measured on sampled rows."""
         out = _Compared()
         n, k = linear.shape
         name = linear.weight.name
         try:
-            scale = self.source.read_scale(linear)
+            scale = rows_of.tile_scales()
         except (NonFiniteScaleError, HeaderError) as exc:  # NaN / Inf tile scales, a shard cut short
             out.source.append(exc.message)
             return out
         except OSError as exc:
             out.source.append(str(exc))
             return out
-        block = linear.block
-        w = _Weight(name, module, scale, block, QUANT_TYPES[module.label].element)
+        band = rows_of.band_rows
+        w = _Weight(name, module, scale, rows_of, QUANT_TYPES[module.label].element)
         derivable = module.label == FLOAT or self.rule is not None
-        bands = _sample_bands(n, block[0], self.fraction, self.options.seed, name) if derivable else []
+        bands = _sample_bands(n, band, self.fraction, self.options.seed, name) if derivable else []
         full_stats = self.options.exact == "full" or not derivable  # nothing re-derived: measure every row
         reference_rows = (
             set(_sample_rows(n, self.options.exact_rows, self.options.seed, name).tolist())
             if self.options.exact == "sample" and derivable else set()
         )
-        rows_per_chunk = max(block[0], (CHUNK_BYTES // 4) // max(k, 1) // block[0] * block[0])
-        read = bands if derivable else _sample_bands(n, block[0], 1.0, 0, name)
+        rows_per_chunk = max(band, (CHUNK_BYTES // 4) // max(k, 1) // band * band)
+        read = bands if derivable else _sample_bands(n, band, 1.0, 0, name)
         # the error is measured on sampled rows of those read (the first, the last, random ones)
         candidates = np.concatenate([np.arange(a, b) for a, b in read])
         picks = _sample_rows(len(candidates), max(2, STATS_ELEMENTS // max(k, 1)), self.options.seed, name)
@@ -357,9 +361,7 @@ class _Rederive:
                     out.source.append(problem)
                     return out
             if full_stats and w.fmt is not None:  # every row: summed by a kernel
-                ref_sq, err_sq, max_abs, saturated = self.kernels.error_sums(
-                    src_codes, scale, block, r0, self.resolve_dtype, w.fmt, stored, scales
-                )
+                ref_sq, err_sq, max_abs, saturated = rows_of.error_sums(src_codes, scale, r0, self.resolve_dtype, w.fmt, stored, scales)
                 acc.add_sums(ref_sq, err_sq, max_abs, (r1 - r0) * k, saturated)
             else:
                 picked = [r - r0 for r in range(r0, r1) if full_stats or r in stats_set]
@@ -369,13 +371,12 @@ class _Rederive:
                 self._reference_row(w, r, src_codes[r - r0 : r - r0 + 1], stored, scales, r0)
         return self._finish(out, w, acc, n)
 
-    def float_linear(self, reader: TensorReader, linear, module: _Module) -> _Compared:
+    def float_linear(self, reader: TensorReader, linear, module: _Module, rows_of) -> _Compared:
         """A linear quantized from float values: every row re-derived with the kernel (when the
         rule is known) and measured against the values themselves."""
         out = _Compared()
         n, k = linear.shape
-        rows_of = FloatRows(self.kernels, self.source, linear)
-        w = _Weight(linear.weight.name, module, None, None, QUANT_TYPES[module.label].element)
+        w = _Weight(linear.weight.name, module, None, rows_of, QUANT_TYPES[module.label].element)
         reference_rows = (
             set(_sample_rows(n, self.options.exact_rows, self.options.seed, w.name).tolist())
             if self.options.exact == "sample" and self.rule is not None else set()
@@ -405,7 +406,7 @@ class _Rederive:
             acc.update(values, _dequantize(module, codes, scales), codes, w.fmt)
         return self._finish(out, w, acc, n)
 
-    def mx_linear(self, reader: TensorReader, linear, module: _Module) -> _Compared:
+    def mx_linear(self, reader: TensorReader, linear, module: _Module, rows_of) -> _Compared:
         """A linear of an MX source, every row: re-laid out (the written type is the source's, or
         MXFP4 written W8A8_MXFP8), the package bytes compared with the source bytes through the
         named transform; re-quantized, re-derived from the decoded values with the kernel; written
@@ -414,10 +415,9 @@ class _Rederive:
 
         out = _Compared()
         n, k = linear.shape
-        rows_of = MxRows(self.kernels, self.source, linear)
         fmt = QUANT_TYPES[module.label].element
         transform = transform_for(rows_of.fmt, fmt) if fmt is not None else None
-        w = _Weight(linear.weight.name, module, None, None, fmt)
+        w = _Weight(linear.weight.name, module, None, rows_of, fmt)
         if transform is not None:
             w.payload_diff.what = f"payload (the source bytes through {transform!r})"
             w.scale_diff.what = "scale (the source's E8M0 bytes)"
@@ -474,17 +474,14 @@ class _Rederive:
         rows = np.arange(r0, r0 + len(src_codes))
         out = self._buffer(stored.nbytes).view(stored.dtype).reshape(stored.shape)
         try:
+            payload, scale_bytes = w.rows.rederive(src_codes, w.scale, r0, w.fmt, self.rule, self.resolve_dtype, out=out)
             if w.fmt is None:
-                want = self.kernels.resolve_rows_bf16(src_codes, w.scale, w.block, r0, out=out).view(np.uint8)
-                w.payload_diff.update(stored.view(np.uint8), want, rows)
+                w.payload_diff.update(stored.view(np.uint8), payload.view(np.uint8), rows)
             else:
-                payload, scale_bytes = self.kernels.requantize_rows(
-                    src_codes, w.scale, w.block, r0, self.resolve_dtype, w.fmt, self.rule, out=out
-                )
                 w.payload_diff.update(stored, payload, rows)
                 w.scale_diff.update(scales, scale_bytes, rows)
         except ValueError:
-            nan_at = self.kernels.first_nan_code(src_codes)
+            nan_at = w.rows.first_nan(src_codes)
             if nan_at:
                 return f"source {w.name!r} holds a NaN code at row {r0 + nan_at[0]}, column {nan_at[1]}"
             return f"source {w.name!r} holds values that overflow in rows {r0}..{rows[-1]}"
@@ -504,22 +501,18 @@ class _Rederive:
         """The error of the picked rows (indices into the block starting at r0), with numpy."""
         if not picked.size:
             return
-        # one "tile row" per picked row: (1, bk) tiles carrying each row's own tile scales
-        reference = resolve.resolve_tiles(
-            src_codes[picked], w.scale[(r0 + picked) // w.block[0]], (1, w.block[1]),
-            "bf16" if w.fmt is None else self.resolve_dtype,
-        )
+        # each picked row resolved with its own row of tile scales
+        reference = w.rows.resolved(src_codes[picked], w.scale, r0 + picked, "bf16" if w.fmt is None else self.resolve_dtype)
         approx = _dequantize(w.module, codes[picked], None if scales is None else scales[picked])
         acc.update(reference, approx, codes[picked] if w.fmt is not None else None, w.fmt)
 
     def _reference_row(self, w: "_Weight", r: int, src_row, stored, scales, r0: int) -> None:
         """Row r re-derived with the numpy reference (--exact), compared with the package."""
         i = r - r0
+        payload, scale_bytes = w.rows.rederive(src_row, w.scale, r, w.fmt, self.rule, self.resolve_dtype, impl=requantize)
         if w.fmt is None:
-            want = requantize.resolve_rows_bf16(src_row, w.scale, w.block, r).view(np.uint8)
-            w.reference_diff.update(stored[i : i + 1].view(np.uint8), want, np.array([r]))
+            w.reference_diff.update(stored[i : i + 1].view(np.uint8), payload.view(np.uint8), np.array([r]))
             return
-        payload, scale_bytes = requantize.requantize_rows(src_row, w.scale, w.block, r, self.resolve_dtype, w.fmt, self.rule)
         got = np.concatenate([stored[i : i + 1], scales[i : i + 1]], axis=1)
         w.reference_diff.update(got, np.concatenate([payload, scale_bytes], axis=1), np.array([r]))
 
@@ -527,8 +520,9 @@ class _Rederive:
 class _Weight:
     """One weight being compared: what re-deriving it needs, and the differences found."""
 
-    def __init__(self, name: str, module: _Module, scale: np.ndarray, block: tuple[int, int], fmt):
-        self.name, self.module, self.scale, self.block, self.fmt = name, module, scale, block, fmt
+    def __init__(self, name: str, module: _Module, scale: np.ndarray | None, rows, fmt):
+        # rows: the source rows' operations (sources/rows.py), scale: a tiled weight's tile scales
+        self.name, self.module, self.scale, self.rows, self.fmt = name, module, scale, rows, fmt
         self.payload_diff = _Differences(name, "BF16 bytes" if fmt is None else "payload")
         self.scale_diff = _Differences(module.prefix + ".weight_scale", "scale")
         self.reference_diff = _Differences(name, "bytes (numpy reference)")
