@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 from ascendconv.ascendv1 import QUANT_TYPES
 from ascendconv.errors import BadOptionError
+from ascendconv.io.checksum import reads_digest, tensor_hasher
 from ascendconv.io.safetensors import TensorEntry
 from ascendconv.io.writer import ShardWriter
 from ascendconv.sources import Source, SourceLinear
@@ -90,6 +91,7 @@ class WorkItem:
     start: int
     count: int
     compute: Callable[["np.ndarray"], list[WriteTensor | CollectScales]]  # the bytes read (uint8) -> what to write
+    reads: tuple[TensorEntry, ...] = ()  # the tensor's other sources (a linear's scale): hashed with its first item
 
 
 class BufferPool:
@@ -143,12 +145,14 @@ def write_shards(
     workers: int,
     progress: Progress | None,
     shards: list[int] | None = None,
-    on_closed: Callable[[str, str], None] | None = None,
-) -> dict[str, str]:
+    on_closed: Callable[[str, str, str], None] | None = None,
+) -> tuple[dict[str, str], dict[str, str]]:
     """Write the plan's shards (or only the numbers in `shards`) into `staging`; return each file's
-    checksum. `on_closed(file, checksum)` is called as each shard is finished."""
+    checksum and the digest of the source bytes it was made from (io.checksum.reads_digest, hashed
+    as the reader reads them). `on_closed(file, checksum, reads)` is called as each shard is finished."""
     pools = {"out": BufferPool(2 * CHUNK_ELEMENTS[kernel.name])}
     items = list(work_items(source, plan, kernel, pools, shards))
+    tensor_digests: dict[str, bytes] = {}  # source tensor -> BLAKE3 of its bytes, as read
     # every file the run reads, scales included (they are read as their linear's rows come up)
     scales = [linear.scale.path for linear in source.linears.values() if linear.scale is not None]
     source.reader.hold([item.entry.path for item in items] + scales)
@@ -159,12 +163,22 @@ def write_shards(
     stop = threading.Event()
 
     def read_ahead() -> None:
+        hasher = tensor_hasher()
         try:
             for item in items:
+                if item.start == 0:
+                    for entry in item.reads:
+                        tensor_digests[entry.name] = entry_digest(source, entry)
+                    hasher = tensor_hasher()
                 # mapped, not copied: populating a mapping of page-cache pages costs a third of
                 # copying them (0.06 against 0.19 s/GB here), and the mapping goes away with the
                 # last reference to it (once the chunk is written)
                 data = source.reader.map_range(item.entry, item.start, item.count)
+                # hashed here, before the workers see the chunk: a shard is closed only after its
+                # last chunk was handed over, so its tensors' digests are all in by then
+                hasher.update(data)
+                if item.start + item.count == item.entry.nbytes:
+                    tensor_digests[item.entry.name] = hasher.digest()
                 while not stop.is_set():
                     try:
                         prefetched.put(data, timeout=0.1)
@@ -176,7 +190,7 @@ def write_shards(
         except BaseException as exc:  # handed to the main thread
             prefetched.put(exc)
 
-    writer = PackageShardWriter(plan, staging, shards, on_closed)
+    writer = PackageShardWriter(plan, staging, shards, on_closed, shard_sources(source, plan), tensor_digests)
     writer_error: list[BaseException] = []
 
     def write_behind() -> None:
@@ -221,7 +235,7 @@ def write_shards(
         writer_thread.join()
         if writer_error:
             raise writer_error[0]
-        return writer.finish()
+        return writer.finish(), writer.reads
     except BaseException:
         stop.set()
         to_write.put(None)
@@ -251,7 +265,9 @@ class PackageShardWriter:
         plan: Plan,
         staging: Path,
         shards: list[int] | None = None,
-        on_closed: Callable[[str, str], None] | None = None,
+        on_closed: Callable[[str, str, str], None] | None = None,
+        sources: dict[int, list[TensorEntry]] | None = None,
+        tensor_digests: dict[str, bytes] | None = None,
     ):
         self.plan = plan
         self.staging = staging
@@ -261,6 +277,9 @@ class PackageShardWriter:
         self.current: ShardWriter | None = None
         self.position = -1  # in `order`
         self.digests: dict[str, str] = {}
+        self.sources = sources or {}  # shard number -> the source tensors it is made from
+        self.tensor_digests = tensor_digests if tensor_digests is not None else {}
+        self.reads: dict[str, str] = {}  # shard file -> io.checksum.reads_digest of its sources
         self.collected: dict[str, list[np.ndarray]] = {}
 
     def _writer_for(self, name: str) -> ShardWriter:
@@ -279,8 +298,10 @@ class PackageShardWriter:
             name, digest = self.current.path.name, self.current.close()
             self.digests[name] = digest
             self.current = None
+            sources = self.sources.get(self.order[self.position], [])
+            self.reads[name] = reads_digest({e.name: self.tensor_digests[e.name] if e.nbytes else EMPTY_DIGEST for e in sources})
             if self.on_closed is not None:
-                self.on_closed(name, digest)
+                self.on_closed(name, digest, self.reads[name])
 
     def apply(self, ops: list[WriteTensor | CollectScales]) -> None:
         import numpy as np
@@ -306,6 +327,35 @@ class PackageShardWriter:
             self.current.abort()
 
 
+EMPTY_DIGEST = bytes.fromhex("af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262")  # BLAKE3 of no bytes
+
+
+def made_from(source: Source, by_weight: dict[str, SourceLinear], name: str) -> list[TensorEntry]:
+    """The source tensors a package tensor made from source tensor `name` is made of: that tensor,
+    and for a linear's weight its scale (read with its rows; the package's scale is made with its
+    weight, from nothing else)."""
+    linear = by_weight.get(name)
+    return [source.tensors[name]] + ([linear.scale] if linear is not None and linear.scale is not None else [])
+
+
+def shard_sources(source: Source, plan: Plan) -> dict[int, list[TensorEntry]]:
+    """Shard number -> the source tensors its tensors are made from (`made_from`)."""
+    by_weight = {linear.weight.name: linear for linear in source.linears.values()}
+    sources: dict[int, list[TensorEntry]] = {}
+    for tensor in plan.tensors:
+        if tensor.kind is not OutputKind.MX_SCALE:
+            sources.setdefault(tensor.shard, []).extend(made_from(source, by_weight, tensor.source))
+    return sources
+
+
+def entry_digest(source: Source, entry: TensorEntry) -> bytes:
+    """BLAKE3 of a source tensor's bytes, read a chunk at a time."""
+    hasher = tensor_hasher()
+    for start in range(0, entry.nbytes, COPY_CHUNK_BYTES):
+        hasher.update(source.reader.map_range(entry, start, min(COPY_CHUNK_BYTES, entry.nbytes - start)))
+    return hasher.digest()
+
+
 def work_items(
     source: Source,
     plan: Plan,
@@ -324,12 +374,13 @@ def work_items(
             continue  # produced with its weight
         if entry.nbytes == 0:
             continue
+        others = tuple(made_from(source, linears, tensor.source)[1:])  # a FLOAT linear's scale, if it has one
         if tensor.kind is OutputKind.COPY:
             step = COPY_CHUNK_BYTES
             for start in range(0, entry.nbytes, step):
-                yield WorkItem(entry, start, min(step, entry.nbytes - start), _copy_op(tensor.name))
+                yield WorkItem(entry, start, min(step, entry.nbytes - start), _copy_op(tensor.name), others * (start == 0))
         elif tensor.kind is OutputKind.BIAS_F32:
-            yield WorkItem(entry, 0, entry.nbytes, _bias_op(tensor.name, entry.dtype))
+            yield WorkItem(entry, 0, entry.nbytes, _bias_op(tensor.name, entry.dtype), others)
         else:
             yield from _linear_items(source, plan, kernel, tensor, linears[tensor.source], chunk_elements, pools)
 
@@ -385,4 +436,5 @@ def _linear_items(
             payload, scales = rows_of.quantize(data, row_start, rows, fmt, plan.scale_rule, plan.resolve_dtype, **out)
             return [WriteTensor(tensor.name, payload), CollectScales(scale_name, scales, row_start + rows == n)]
 
-        yield WorkItem(linear.weight, row_start * rows_of.row_bytes, rows * rows_of.row_bytes, compute)
+        reads = (linear.scale,) if linear.scale is not None and row_start == 0 else ()
+        yield WorkItem(linear.weight, row_start * rows_of.row_bytes, rows * rows_of.row_bytes, compute, reads)

@@ -145,10 +145,10 @@ class Ledger:
         self._lock = threading.Lock()
         self._save()
 
-    def record(self, name: str, digest: str) -> None:
+    def record(self, name: str, digest: str, reads: str) -> None:
         status = shard_status(os.lstat(self.staging / name))
         with self._lock:
-            self.shards[name] = {"digest": digest, "status": status}
+            self.shards[name] = {"digest": digest, "status": status, "reads": reads}
             self._save()
 
     def forget(self, name: str) -> None:
@@ -194,12 +194,13 @@ def adopter(identity: dict, out: Path, overwrite: bool) -> Callable[[Path], bool
 
 
 def _entry(value) -> dict | None:
-    """A ledger entry {"digest": hex, "status": [...]} as written, or None."""
-    if not isinstance(value, dict) or not isinstance(value.get("digest"), str):
+    """A ledger entry {"digest": hex, "status": [...], "reads": hex} as written, or None (a shard
+    without the digest of the source bytes it was made from is converted again)."""
+    if not isinstance(value, dict) or not isinstance(value.get("digest"), str) or not isinstance(value.get("reads"), str):
         return None
     status = value.get("status")
     well_formed = isinstance(status, list) and len(status) == len(STATUS_FIELDS) and all(type(v) is int for v in status)
-    return {"digest": value["digest"], "status": status if well_formed else None}
+    return {"digest": value["digest"], "status": status if well_formed else None, "reads": value["reads"]}
 
 
 def _kept_regular(path: Path) -> os.stat_result | None:
