@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
 from ascendconv.ascendv1 import QUANT_TYPES
-from ascendconv.errors import BadOptionError
+from ascendconv.errors import BadOptionError, out_of_memory, shown
 from ascendconv.io.checksum import reads_digest, tensor_hasher
 from ascendconv.io.safetensors import TensorEntry
 from ascendconv.io.writer import ShardWriter
@@ -246,7 +246,10 @@ def write_shards(
 
 def _hand_over(job, to_write: queue.Queue, writer_error: list, done: int, total: int, progress: Progress | None) -> int:
     item, data, future = job
-    ops = future.result()
+    try:
+        ops = future.result()
+    except MemoryError as exc:  # the one place a worker's allocation fails: name the tensor it was making
+        raise out_of_memory(exc, f"to convert tensor {shown(item.entry.name)} of {item.entry.path}") from exc
     if writer_error:
         raise writer_error[0]
     to_write.put((data, ops))

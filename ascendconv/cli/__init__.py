@@ -20,7 +20,7 @@ from typer.core import TyperGroup
 from ascendconv import __version__
 from ascendconv.cli.console import err, out
 from ascendconv.cli.envelope import dump_envelope, error_envelope, usage_hint
-from ascendconv.errors import EXIT_INTERRUPTED, AscendconvError, Interrupted
+from ascendconv.errors import EXIT_INTERRUPTED, AscendconvError, Interrupted, out_of_memory
 
 # At exit the interpreter's last garbage collection walks every object still alive, numba's type
 # system included: 0.11 s of a 0.63 s convert of the sample, 0.03 s of a 0.15 s verify. Objects frozen
@@ -80,9 +80,13 @@ def main(
 
 
 def run(action: Callable[[], object], as_json: bool, command: str) -> object:
-    """Call the library; turn its errors into a message, a hint and an exit code."""
+    """Call the library; turn its errors into a message, a hint and an exit code. A MemoryError
+    the library did not name (the pipeline names the tensor) is named here, once for every command."""
     try:
-        return action()
+        try:
+            return action()
+        except MemoryError as exc:
+            raise out_of_memory(exc, f"to {command}") from exc
     except AscendconvError as exc:
         if as_json:
             dump_envelope(error_envelope(command, exc.code, exc.message, exc.hint, exc.exit_code))
