@@ -302,7 +302,7 @@ class PackageShardWriter:
             self.digests[name] = digest
             self.current = None
             sources = self.sources.get(self.order[self.position], [])
-            self.reads[name] = reads_digest({e.name: self.tensor_digests[e.name] if e.nbytes else EMPTY_DIGEST for e in sources})
+            self.reads[name] = reads_digest({e.name: self.tensor_digests[e.name] for e in sources})
             if self.on_closed is not None:
                 self.on_closed(name, digest, self.reads[name])
 
@@ -330,15 +330,14 @@ class PackageShardWriter:
             self.current.abort()
 
 
-EMPTY_DIGEST = bytes.fromhex("af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262")  # BLAKE3 of no bytes
-
-
 def made_from(source: Source, by_weight: dict[str, SourceLinear], name: str) -> list[TensorEntry]:
     """The source tensors a package tensor made from source tensor `name` is made of: that tensor,
     and for a linear's weight its scale (read with its rows; the package's scale is made with its
-    weight, from nothing else)."""
-    linear = by_weight.get(name)
-    return [source.tensors[name]] + ([linear.scale] if linear is not None and linear.scale is not None else [])
+    weight, from nothing else); none for an empty tensor, of which nothing is read."""
+    entry, linear = source.tensors[name], by_weight.get(name)
+    if entry.nbytes == 0:
+        return []
+    return [entry] + ([linear.scale] if linear is not None and linear.scale is not None else [])
 
 
 def shard_sources(source: Source, plan: Plan) -> dict[int, list[TensorEntry]]:

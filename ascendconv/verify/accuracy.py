@@ -165,7 +165,7 @@ def _compare_source(
 
     # 2. the tensor set the source implies
     by_weight = {linear.weight.name: linear for linear in source.linears.values()}
-    found.source += _source_data_problems(lay, source, by_weight)
+    found.source += _source_data_problems(lay, source, by_weight, progress)
     scale_names = source.scale_names
     implied: set[str] = set()
     for name in source.tensors:
@@ -216,12 +216,12 @@ def _compare_source(
     return found
 
 
-def _source_data_problems(lay: _Layout, source, by_weight: dict) -> list[str]:
+def _source_data_problems(lay: _Layout, source, by_weight: dict, progress: Progress | None) -> list[str]:
     """Each shard that records the digest of the source bytes it was made from (packages of
     before do not) against the same digest of the source given: the proof that the shard was made
     from these very bytes, which the sampled identity of the source only makes likely."""
     from ascendconv.io.checksum import reads_digest
-    from ascendconv.pipeline import EMPTY_DIGEST, entry_digest, made_from
+    from ascendconv.pipeline import entry_digest, made_from
 
     shards = lay.pkg.record.shards or {}
     recorded = {name: e[SOURCE_DATA_KEY] for name, e in shards.items() if isinstance(e, dict) and isinstance(e.get(SOURCE_DATA_KEY), str)}
@@ -248,9 +248,12 @@ def _source_data_problems(lay: _Layout, source, by_weight: dict) -> list[str]:
         else:
             made_of[shard] = None  # a tensor that does not come from the source: reported apart
     entries = {e.name: e for sources in made_of.values() if sources for e in sources}
-    digests = dict(zip(entries, (d for _, d in _ordered_map(
-        lambda e: entry_digest(source, e) if e.nbytes else EMPTY_DIGEST, list(entries.values()), os.cpu_count() or 1)
-    )))
+    digests, done, total = {}, 0, sum(e.nbytes for e in entries.values())
+    for entry, digest in _ordered_map(lambda e: entry_digest(source, e), list(entries.values()), os.cpu_count() or 1):
+        digests[entry.name] = digest
+        done += entry.nbytes
+        if progress:
+            progress("source-data", done, total)
     problems = []
     for shard, sources in sorted(made_of.items()):
         if sources is not None and reads_digest({e.name: digests[e.name] for e in sources}) != recorded[shard]:
