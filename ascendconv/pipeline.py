@@ -9,6 +9,7 @@ bytes never depend on it. Nothing here prints.
 from __future__ import annotations
 
 import collections
+import contextlib
 import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -92,6 +93,7 @@ class WorkItem:
     count: int
     compute: Callable[["np.ndarray"], list[WriteTensor | CollectScales]]  # the bytes read (uint8) -> what to write
     reads: tuple[TensorEntry, ...] = ()  # the tensor's other sources (a linear's scale): hashed with its first item
+    shard: int = 0  # the package shard the tensor made of these bytes goes to
 
 
 class BufferPool:
@@ -152,7 +154,6 @@ def write_shards(
     as the reader reads them). `on_closed(file, checksum, reads)` is called as each shard is finished."""
     pools = {"out": BufferPool(2 * CHUNK_ELEMENTS[kernel.name])}
     items = list(work_items(source, plan, kernel, pools, shards))
-    tensor_digests: dict[str, bytes] = {}  # source tensor -> BLAKE3 of its bytes, as read
     # every file the run reads, scales included (they are read as their linear's rows come up)
     scales = [linear.scale.path for linear in source.linears.values() if linear.scale is not None]
     source.reader.hold([item.entry.path for item in items] + scales)
@@ -161,36 +162,21 @@ def write_shards(
     prefetched: queue.Queue = queue.Queue(maxsize=PREFETCH_ITEMS)
     to_write: queue.Queue = queue.Queue(maxsize=workers + 1)
     stop = threading.Event()
+    hashed = SourceDigests(source, items, stop)
 
     def read_ahead() -> None:
-        hasher = tensor_hasher()
         try:
             for item in items:
-                if item.start == 0:
-                    for entry in item.reads:
-                        tensor_digests[entry.name] = entry_digest(source, entry)
-                    hasher = tensor_hasher()
                 # mapped, not copied: populating a mapping of page-cache pages costs a third of
                 # copying them (0.06 against 0.19 s/GB here), and the mapping goes away with the
-                # last reference to it (once the chunk is written)
+                # last reference to it (once the chunk is written and hashed)
                 data = source.reader.map_range(item.entry, item.start, item.count)
-                # hashed here, before the workers see the chunk: a shard is closed only after its
-                # last chunk was handed over, so its tensors' digests are all in by then
-                hasher.update(data)
-                if item.start + item.count == item.entry.nbytes:
-                    tensor_digests[item.entry.name] = hasher.digest()
-                while not stop.is_set():
-                    try:
-                        prefetched.put(data, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
+                if not (_put(prefetched, data, stop) and hashed.put(item, data)):
                     return
         except BaseException as exc:  # handed to the main thread
             prefetched.put(exc)
 
-    writer = PackageShardWriter(plan, staging, shards, on_closed, shard_sources(source, plan), tensor_digests)
+    writer = PackageShardWriter(plan, staging, shards, on_closed, shard_sources(source, plan), hashed)
     writer_error: list[BaseException] = []
 
     def write_behind() -> None:
@@ -235,13 +221,97 @@ def write_shards(
         writer_thread.join()
         if writer_error:
             raise writer_error[0]
-        return writer.finish(), writer.reads
+        checksums = writer.finish()
+        hashed.close()
+        return checksums, writer.reads
     except BaseException:
         stop.set()
         to_write.put(None)
         writer_thread.join()  # the shard writer is the writer thread's until it stops
         writer.abort()
+        hashed.close()
         raise
+
+
+def _put(into: queue.Queue, value, stop: threading.Event) -> bool:
+    """Put `value` into a bounded queue, unless the run stops first (False)."""
+    while not stop.is_set():
+        try:
+            into.put(value, timeout=0.1)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+HASH_AHEAD = 4  # chunks read and waiting for the source hasher (each keeps its mapping until hashed)
+
+
+class SourceDigests:
+    """BLAKE3 of every source tensor the pipeline reads (and of a linear's scale, with its first
+    rows), hashed from the very chunks the workers convert, by a thread of its own: the reader hands
+    a chunk to the workers first and to this thread next, so hashing runs beside the conversion,
+    never before it (hashed first, by the reader, it cost 14 % of a convert's time here). The shard
+    writer waits, before it closes a shard, until the chunks of its tensors are hashed."""
+
+    def __init__(self, source: Source, items: list[WorkItem], stop: threading.Event):
+        self.source, self.stop = source, stop
+        self.digests: dict[str, bytes] = {}  # source tensor -> BLAKE3 of its bytes
+        self._last = {item.shard: index for index, item in enumerate(items)}  # shard -> its last item
+        self._queue: queue.Queue = queue.Queue(maxsize=HASH_AHEAD)
+        self._done = threading.Condition()
+        self._hashed = 0  # items hashed, in order
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="ascendconv-source-hash", daemon=True)
+        self._thread.start()
+
+    def put(self, item: WorkItem, data) -> bool:
+        if self._error is not None:
+            raise self._error
+        return _put(self._queue, (item, data), self.stop)
+
+    def _run(self) -> None:
+        hasher = tensor_hasher()
+        try:
+            while (job := self._queue.get()) is not None:
+                item, data = job
+                if item.start == 0:
+                    for entry in item.reads:
+                        self.digests[entry.name] = entry_digest(self.source, entry)
+                    hasher = tensor_hasher()
+                hasher.update(data)
+                del job, data  # the chunk's mapping goes with its last reference
+                if item.start + item.count == item.entry.nbytes:
+                    self.digests[item.entry.name] = hasher.digest()
+                with self._done:
+                    self._hashed += 1
+                    self._done.notify_all()
+        except BaseException as exc:  # handed to whoever waits, and to the reader
+            with self._done:
+                self._error = exc
+                self._done.notify_all()
+
+    def wait_for(self, shard: int) -> None:
+        """Return once every chunk of the shard's tensors is hashed (or raise, if the run fails
+        meanwhile: chunks it will never read would be waited for forever)."""
+        last = self._last.get(shard)
+        with self._done:
+            while last is not None and self._hashed <= last and self._error is None and not self.stop.is_set():
+                self._done.wait(timeout=0.1)
+        if self._error is not None:
+            raise self._error
+        if last is not None and self._hashed <= last:
+            raise RuntimeError("the run stopped before the shard's source bytes were hashed")
+
+    def close(self) -> None:
+        while self._thread.is_alive():
+            try:
+                self._queue.put(None, timeout=0.1)
+                break
+            except queue.Full:  # the thread failed and no longer takes chunks: drop them
+                with contextlib.suppress(queue.Empty):
+                    self._queue.get_nowait()
+        self._thread.join()
 
 
 def _hand_over(job, to_write: queue.Queue, writer_error: list, done: int, total: int, progress: Progress | None) -> int:
@@ -267,10 +337,10 @@ class PackageShardWriter:
         self,
         plan: Plan,
         staging: Path,
-        shards: list[int] | None = None,
-        on_closed: Callable[[str, str, str], None] | None = None,
-        sources: dict[int, list[TensorEntry]] | None = None,
-        tensor_digests: dict[str, bytes] | None = None,
+        shards: list[int] | None,
+        on_closed: Callable[[str, str, str], None] | None,
+        sources: dict[int, list[TensorEntry]],
+        hashed: SourceDigests,
     ):
         self.plan = plan
         self.staging = staging
@@ -280,8 +350,8 @@ class PackageShardWriter:
         self.current: ShardWriter | None = None
         self.position = -1  # in `order`
         self.digests: dict[str, str] = {}
-        self.sources = sources or {}  # shard number -> the source tensors it is made from
-        self.tensor_digests = tensor_digests if tensor_digests is not None else {}
+        self.sources = sources  # shard number -> the source tensors it is made from
+        self.hashed = hashed
         self.reads: dict[str, str] = {}  # shard file -> io.checksum.reads_digest of its sources
         self.collected: dict[str, list[np.ndarray]] = {}
 
@@ -301,8 +371,9 @@ class PackageShardWriter:
             name, digest = self.current.path.name, self.current.close()
             self.digests[name] = digest
             self.current = None
-            sources = self.sources.get(self.order[self.position], [])
-            self.reads[name] = reads_digest({e.name: self.tensor_digests[e.name] for e in sources})
+            shard = self.order[self.position]
+            self.hashed.wait_for(shard)
+            self.reads[name] = reads_digest({e.name: self.hashed.digests[e.name] for e in self.sources.get(shard, [])})
             if self.on_closed is not None:
                 self.on_closed(name, digest, self.reads[name])
 
@@ -380,9 +451,10 @@ def work_items(
         if tensor.kind is OutputKind.COPY:
             step = COPY_CHUNK_BYTES
             for start in range(0, entry.nbytes, step):
-                yield WorkItem(entry, start, min(step, entry.nbytes - start), _copy_op(tensor.name), others * (start == 0))
+                count = min(step, entry.nbytes - start)
+                yield WorkItem(entry, start, count, _copy_op(tensor.name), others * (start == 0), tensor.shard)
         elif tensor.kind is OutputKind.BIAS_F32:
-            yield WorkItem(entry, 0, entry.nbytes, _bias_op(tensor.name, entry.dtype), others)
+            yield WorkItem(entry, 0, entry.nbytes, _bias_op(tensor.name, entry.dtype), others, tensor.shard)
         else:
             yield from _linear_items(source, plan, kernel, tensor, linears[tensor.source], chunk_elements, pools)
 
@@ -439,4 +511,4 @@ def _linear_items(
             return [WriteTensor(tensor.name, payload), CollectScales(scale_name, scales, row_start + rows == n)]
 
         reads = (linear.scale,) if linear.scale is not None and row_start == 0 else ()
-        yield WorkItem(linear.weight, row_start * rows_of.row_bytes, rows * rows_of.row_bytes, compute, reads)
+        yield WorkItem(linear.weight, row_start * rows_of.row_bytes, rows * rows_of.row_bytes, compute, reads, tensor.shard)
