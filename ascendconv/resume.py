@@ -2,7 +2,8 @@
 
 A run with --resume records, in a small JSON file inside its staging directory, the plan's identity
 (source files, every option that changes a byte of the package, the tool version) and the checksum
-of each shard, with its file's status, as soon as that shard is closed. A later run of the same
+of each shard, with its file's status and the digest of the source bytes it was made from, as soon
+as that shard is closed. A later run of the same
 identity adopts the staging and converts only the shards not recorded there or whose bytes no longer
 match their checksum; a kept shard whose size, inode, mtime and ctime are still the recorded ones is
 trusted without being read again, the others are re-hashed. Work of another identity is refused,

@@ -268,3 +268,17 @@ def test_a_source_file_recorded_under_a_list_as_name_is_no_traceback(converted, 
     assert "the package was converted from shards []" in report.check("source").detail
     assert not report.check("provenance").ok
 
+
+
+def test_a_kept_shard_whose_ledger_entry_lacks_its_source_digest_is_converted_again(tmp_path):
+    src = padded(tmp_path / "src")
+    out = tmp_path / "out"
+    stopped_half_way(src, out)
+    (ledger_path,) = tmp_path.glob(f".out{STAGING_TAG}*/.ascendconv-resume.json")
+    ledger = json.loads(ledger_path.read_text())
+    assert ledger["shards"] and all(len(entry["reads"]) == 64 for entry in ledger["shards"].values())
+    for entry in ledger["shards"].values():
+        del entry["reads"]
+    ledger_path.write_text(json.dumps(ledger))
+    result = convert(src, out, ConvertOptions(max_shard_size=LIMIT, resume=True))
+    assert result.reused_shards == [] and verify(out, VerifyOptions(source=src)).ok
