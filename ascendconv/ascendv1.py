@@ -228,6 +228,7 @@ def quant_type_named(label: object) -> QuantType | None:
 # --- provenance ------------------------------------------------------------------------------------
 
 LEGACY_CHECKSUM = "sha256"  # what packages written before the "checksum" field recorded
+SOURCE_DATA_KEY = "source_data"  # a shard's digest of the source bytes it was made from (absent before)
 
 
 def _json_value(value):
@@ -243,12 +244,14 @@ def _json_value(value):
 @dataclass(frozen=True)
 class SourceFileRecord:
     """One source shard as provenance identifies it: its header and size, and a sample of its data
-    (so two checkpoints of one layout, a fine-tune or a re-upload, are told apart)."""
+    that reads every tensor (so two checkpoints of one layout, a fine-tune of a few layers or a
+    re-upload, are told apart). Packages of before recorded "data_sample" (shard windows only,
+    io.checksum.sampled_digest) instead of "tensor_sample"."""
 
     name: str
     size: int
     fingerprint: str  # sha256 of the header bytes and the size
-    data_sample: str  # BLAKE3 of sampled windows of the data (io.checksum.sampled_digest)
+    tensor_sample: str  # BLAKE3 of windows of every tensor and of the shard (io.checksum.tensor_sampled_digest)
 
 
 @dataclass(frozen=True)
@@ -297,24 +300,31 @@ class ProvenanceRecord:
         """The record as JSON (what a part manifest keeps to write the provenance when assembled)."""
         return _json_value(self)
 
-    def document(self, digests: dict[str, str], sizes: dict[str, int], files: dict[str, str], date: str) -> dict:
-        return provenance_document(self.base(), digests, sizes, files, date)
+    def document(
+        self, digests: dict[str, str], sizes: dict[str, int], files: dict[str, str], date: str, reads: dict[str, str]
+    ) -> dict:
+        return provenance_document(self.base(), digests, sizes, files, date, reads)
 
 
 def provenance_document(
-    base: dict, digests: dict[str, str], sizes: dict[str, int], files: dict[str, str], date: str
+    base: dict, digests: dict[str, str], sizes: dict[str, int], files: dict[str, str], date: str,
+    reads: dict[str, str],
 ) -> dict:
     """The provenance file: a record's JSON (`ProvenanceRecord.base`), the date the package was
     written (the only field that depends on the run: kept out of the record, so parts converted at
     different times still make one plan), the sha256 of every other file the package holds
     (description, index, config.json, the files copied from the source), then every shard's digest
-    under the record's checksum algorithm and its size (which verify compares before it reads a
-    byte of the shard)."""
+    under the record's checksum algorithm, its size (which verify compares before it reads a byte of
+    the shard) and the BLAKE3 digest of the source bytes it was made from ("source_data", hashed as
+    convert read them: io.checksum.reads_digest), which `verify --source` checks."""
     return {
         **base,
         "date": date,
         "files": dict(sorted(files.items())),
-        "shards": {name: {base["checksum"]: digest, "size": sizes[name]} for name, digest in sorted(digests.items())},
+        "shards": {
+            name: {base["checksum"]: digest, "size": sizes[name], SOURCE_DATA_KEY: reads[name]}
+            for name, digest in sorted(digests.items())
+        },
     }
 
 

@@ -103,6 +103,7 @@ def _well_formed(manifest: dict) -> bool:
         and identity.get("parts") == count and isinstance(planned, list) and count <= len(planned)
         and isinstance(manifest.get("checksum"), str)
         and _plain_names(manifest.get("shards")) and _plain_names(manifest.get("files"))
+        and _plain_names(manifest.get("reads")) and set(manifest["reads"]) == set(manifest["shards"])
         and isinstance(identity.get("provenance"), dict)
         and isinstance(planned, list)
         and all(isinstance(s, list) and len(s) == 2 and isinstance(s[0], str) and isinstance(s[1], int) for s in planned)
@@ -207,18 +208,21 @@ def link_or_copy(source: Path, target: Path, identity: tuple[int, int]) -> bool:
 def assemble_into(staging: Path, parts: list[Part], identities: dict[Path, tuple[int, int]]) -> tuple[int, int]:
     """Write the package from checked parts into `staging`; return (bytes of shards, shards linked)."""
     digests: dict[str, str] = {}
+    reads: dict[str, str] = {}
     linked = 0
     for part in parts:
         for name, digest in part.manifest["shards"].items():
             source = part.directory / name
             linked += link_or_copy(source, staging / name, identities[source])
             digests[name] = digest
+            reads[name] = part.manifest["reads"][name]
     for name, want in parts[0].manifest["files"].items():
         path = parts[0].directory / name
         if copy_regular(path, staging / name, PartError) != want:
             raise ShardChecksumError(f"{path}: changed after it was checked against {parts[0].label}'s manifest")
     base = parts[0].manifest["identity"]["provenance"]
-    provenance = provenance_document(base, digests, shard_sizes(staging, digests), parts[0].manifest["files"], package_date())
+    sizes = shard_sizes(staging, digests)
+    provenance = provenance_document(base, digests, sizes, parts[0].manifest["files"], package_date(), reads)
     dump_json(staging / PROVENANCE_NAME, provenance)
     return sum((staging / name).stat().st_size for name in digests), linked
 

@@ -152,14 +152,14 @@ def convert(
         closed = shard_counter(len(wanted), on_shard)
         with output_errors(out), signals_interrupt(), mapped_reads_guarded(), StagedOutput(out, check, adopt) as staged:
             if options.resume:
-                digests, reused = resume_shards(source, plan, kernel, staged, workers, progress, wanted, identity, closed)
+                digests, reads, reused = resume_shards(source, plan, kernel, staged, workers, progress, wanted, identity, closed)
             else:
-                digests, reused = write_shards(source, plan, kernel, staged.staging, workers, progress, wanted, closed), {}
+                (digests, reads), reused = write_shards(source, plan, kernel, staged.staging, workers, progress, wanted, closed), {}
             if options.part:
                 small_files = write_plan_files(source, plan, staged.staging, provenance)
-                write_part_manifest(staged.staging, identity, options.part, digests, small_files)
+                write_part_manifest(staged.staging, identity, options.part, digests, small_files, reads)
             else:
-                write_package_files(source, plan, staged.staging, provenance, digests)
+                write_package_files(source, plan, staged.staging, provenance, digests, reads)
             bytes_written = sum((staged.staging / name).stat().st_size for name in digests)
             staged.publish(private=(LEDGER_NAME,))
         seconds = time.perf_counter() - started
@@ -168,11 +168,11 @@ def convert(
         source.close()
 
 
-def shard_counter(count: int, on_shard: Callable[[int, int], None] | None) -> Callable[[str, str], None]:
-    """An `on_closed(file, checksum)` for the pipeline that tells `on_shard` how many are finished."""
+def shard_counter(count: int, on_shard: Callable[[int, int], None] | None) -> Callable[[str, str, str], None]:
+    """An `on_closed(file, checksum, reads)` for the pipeline that tells `on_shard` how many are finished."""
     closed = 0
 
-    def on_closed(file: str, checksum: str) -> None:
+    def on_closed(file: str, checksum: str, reads: str) -> None:
         nonlocal closed
         closed += 1
         if on_shard:
@@ -209,11 +209,12 @@ def resume_shards(
     progress: Progress | None,
     wanted: list[int],
     identity: dict,
-    on_closed: Callable[[str, str], None],
-) -> tuple[dict[str, str], dict[str, str]]:
+    on_closed: Callable[[str, str, str], None],
+) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
     """Write the wanted shards that an adopted staging does not record as finished, recording each
     as it closes, while the recorded ones are re-read in the background; a recorded shard whose
-    checksum no longer matches is written after. Returns (every wanted shard's checksum, reused)."""
+    checksum no longer matches is written after. Returns (every wanted shard's checksum, the
+    digest of the source bytes each was made from (the ledger's, for a kept one), reused)."""
     staging = staged.staging
     recorded = recorded_shards(staging, [plan.shards[i].file for i in wanted]) if staged.resumed else {}
     ledger = Ledger(staging, identity, recorded)
@@ -221,17 +222,20 @@ def resume_shards(
     verified = verify_in_background(staging, {n: e["digest"] for n, e in recorded.items() if n not in trusted})
     todo = [i for i in wanted if plan.shards[i].file not in recorded]
 
-    def record(file: str, checksum: str) -> None:
-        ledger.record(file, checksum)
-        on_closed(file, checksum)
+    def record(file: str, checksum: str, reads: str) -> None:
+        ledger.record(file, checksum, reads)
+        on_closed(file, checksum, reads)
 
-    digests = write_shards(source, plan, kernel, staging, workers, progress, todo, record)
+    digests, reads = write_shards(source, plan, kernel, staging, workers, progress, todo, record)
     reused = {**trusted, **verified()}
     again = [i for i in wanted if plan.shards[i].file in recorded and plan.shards[i].file not in reused]
     for i in again:
         ledger.forget(plan.shards[i].file)
         (staging / plan.shards[i].file).unlink(missing_ok=True)
     if again:
-        digests.update(write_shards(source, plan, kernel, staging, workers, progress, again, record))
-    return {**reused, **digests}, reused
+        digests_again, reads_again = write_shards(source, plan, kernel, staging, workers, progress, again, record)
+        digests.update(digests_again)
+        reads.update(reads_again)
+    kept_reads = {name: recorded[name]["reads"] for name in reused}
+    return {**reused, **digests}, {**kept_reads, **reads}, reused
 

@@ -283,6 +283,13 @@ class OutOfMemoryError(EnvironmentProblem):
     default_hint = "free memory, raise the limit (ulimit -v), or use fewer --workers"
 
 
+def out_of_memory(exc: MemoryError, doing: str) -> OutOfMemoryError:
+    """A MemoryError (numpy's "Unable to allocate ..." included) as the named error, saying what
+    ran out of memory: never a traceback, never taken for damaged input."""
+    detail = str(exc).strip()
+    return OutOfMemoryError(f"no memory left {doing}" + (f" ({clip(detail)})" if detail else ""))
+
+
 class OutputWriteError(EnvironmentProblem):
     default_hint = "free space, raise the file-size limit or choose another OUT; nothing was left at OUT"
 

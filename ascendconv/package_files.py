@@ -23,7 +23,7 @@ from ascendconv.ascendv1 import (
     package_date,
 )
 from ascendconv.errors import CopiedFileError
-from ascendconv.io.checksum import CHECKSUM, sampled_digest
+from ascendconv.io.checksum import CHECKSUM, sampled_digest, tensor_sampled_digest
 from ascendconv.io.files import MAX_COPIED_BYTES, copy_regular, read_regular_bytes, write_new
 from ascendconv.io.hfcache import cached_repo
 from ascendconv.io.safetensors import nonfinite_count
@@ -61,8 +61,16 @@ def source_fingerprint(header_bytes: bytes, size: int) -> str:
 
 
 def data_sample(header) -> str:
-    """The sampled digest of a source shard's data (see io.checksum.sampled_digest)."""
+    """The sampled digest of a source shard's data as packages of before recorded it (see
+    io.checksum.sampled_digest)."""
     return sampled_digest(header.path, header.data_start, header.file_size)
+
+
+def tensor_sample(header) -> str:
+    """The sampled digest of a source shard's data, every tensor's windows in it (see
+    io.checksum.tensor_sampled_digest)."""
+    spans = [(entry.offset, entry.offset + entry.nbytes) for entry in header.tensors.values()]
+    return tensor_sampled_digest(header.path, spans, header.data_start, header.file_size)
 
 
 def nonfinite_copies(source: Source, plan: Plan) -> dict[str, int]:
@@ -126,17 +134,19 @@ def shard_sizes(staging: Path, digests: dict[str, str]) -> dict[str, int]:
 
 
 def write_package_files(
-    source: Source, plan: Plan, staging: Path, provenance: ProvenanceRecord, digests: dict[str, str]
+    source: Source, plan: Plan, staging: Path, provenance: ProvenanceRecord, digests: dict[str, str],
+    reads: dict[str, str],
 ) -> None:
     files = write_plan_files(source, plan, staging, provenance)
-    dump_json(staging / PROVENANCE_NAME, provenance.document(digests, shard_sizes(staging, digests), files, package_date()))
+    sizes = shard_sizes(staging, digests)
+    dump_json(staging / PROVENANCE_NAME, provenance.document(digests, sizes, files, package_date(), reads))
 
 
 def provenance_record(source: Source, plan: Plan, kernel: str, options: ConvertOptions) -> ProvenanceRecord:
     """What the package's provenance says besides the date and the shard checksums."""
     _, location = find_quantization_config(source.config)
     files = tuple(
-        SourceFileRecord(h.path.name, h.file_size, source_fingerprint(h.header_bytes, h.file_size), data_sample(h))
+        SourceFileRecord(h.path.name, h.file_size, source_fingerprint(h.header_bytes, h.file_size), tensor_sample(h))
         for h in source.headers
     )
     return ProvenanceRecord(

@@ -61,7 +61,8 @@ def part_shards(plan: Plan, part: tuple[int, int] | None) -> list[int]:
 
 
 def write_part_manifest(
-    directory: Path, identity: dict, part: tuple[int, int], digests: dict[str, str], files: dict[str, str]
+    directory: Path, identity: dict, part: tuple[int, int], digests: dict[str, str], files: dict[str, str],
+    reads: dict[str, str],
 ) -> None:
     """The part's manifest: written last, so a part directory that has one is complete."""
     number, count = part
@@ -76,5 +77,6 @@ def write_part_manifest(
             "checksum": CHECKSUM,
             "shards": dict(sorted(digests.items())),
             "files": dict(sorted(files.items())),  # name -> sha256 of the small files, as written
+            "reads": dict(sorted(reads.items())),  # shard -> digest of the source bytes it was made from
         },
     )

@@ -2,7 +2,8 @@
 
 A run with --resume records, in a small JSON file inside its staging directory, the plan's identity
 (source files, every option that changes a byte of the package, the tool version) and the checksum
-of each shard, with its file's status, as soon as that shard is closed. A later run of the same
+of each shard, with its file's status and the digest of the source bytes it was made from, as soon
+as that shard is closed. A later run of the same
 identity adopts the staging and converts only the shards not recorded there or whose bytes no longer
 match their checksum; a kept shard whose size, inode, mtime and ctime are still the recorded ones is
 trusted without being read again, the others are re-hashed. Work of another identity is refused,
@@ -145,10 +146,10 @@ class Ledger:
         self._lock = threading.Lock()
         self._save()
 
-    def record(self, name: str, digest: str) -> None:
+    def record(self, name: str, digest: str, reads: str) -> None:
         status = shard_status(os.lstat(self.staging / name))
         with self._lock:
-            self.shards[name] = {"digest": digest, "status": status}
+            self.shards[name] = {"digest": digest, "status": status, "reads": reads}
             self._save()
 
     def forget(self, name: str) -> None:
@@ -194,12 +195,13 @@ def adopter(identity: dict, out: Path, overwrite: bool) -> Callable[[Path], bool
 
 
 def _entry(value) -> dict | None:
-    """A ledger entry {"digest": hex, "status": [...]} as written, or None."""
-    if not isinstance(value, dict) or not isinstance(value.get("digest"), str):
+    """A ledger entry {"digest": hex, "status": [...], "reads": hex} as written, or None (a shard
+    without the digest of the source bytes it was made from is converted again)."""
+    if not isinstance(value, dict) or not isinstance(value.get("digest"), str) or not isinstance(value.get("reads"), str):
         return None
     status = value.get("status")
     well_formed = isinstance(status, list) and len(status) == len(STATUS_FIELDS) and all(type(v) is int for v in status)
-    return {"digest": value["digest"], "status": status if well_formed else None}
+    return {"digest": value["digest"], "status": status if well_formed else None, "reads": value["reads"]}
 
 
 def _kept_regular(path: Path) -> os.stat_result | None:

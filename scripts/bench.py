@@ -37,9 +37,13 @@
    and ignored), right after its own `cp -r`: a pure re-layout (every payload relaid, nothing
    re-quantized), built the same way and cached beside the FP8 one. `--mx-only` times that row
    alone (no FP8 checkpoint, no first-run measure).
+   - `convert` w8a8-mxfp8 as it is, against the same with the digests of the source bytes each
+     shard is made from switched off (BLAKE3 in the reader thread, overlapped with the kernels;
+     IDENTITY_LABEL, target <= 1.1 x).
    Peak resident memory is /usr/bin/time's "maximum resident set size". The seconds convert spends
-   sampling every source shard's data into the plan identity are measured in process, warm and cold
-   (the shards' pages dropped first), against `convert w8a8-mxfp8` (target <= 10 %). `--only LABEL`
+   sampling the source's data into the plan identity (windows of every tensor and of every shard)
+   are measured in process, warm and cold (the shards' pages dropped first), against `convert
+   w8a8-mxfp8` (target <= 10 %; under --only, against IDENTITY_LABEL's baseline). `--only LABEL`
    times only the commands whose label holds LABEL (and skips the first-run row unless named).
 4. Times the first run after install: the README's first command (convert of the qwen3-moe-fp8
    fixture, w4a8-mxfp-moe, then verify --source --moe-check of the package) with an empty
@@ -91,6 +95,24 @@ TARGET_COMPILE_S = 4.0
 RESUME_LABEL = "convert --resume, half done"
 TARGET_RESUME_RATIO = 0.6  # to a full `convert --resume` of the same source (issue 21)
 TARGET_IDENTITY_RATIO = 0.10  # the source's sampled data digests, to `convert w8a8-mxfp8` (issue 21)
+IDENTITY_LABEL = "convert, identity: source digests"
+TARGET_DIGESTS_RATIO = 1.0 + TARGET_IDENTITY_RATIO  # to the same convert without them
+# convert with the source digests switched off (every hasher of the pipeline a no-op): the baseline
+# of IDENTITY_LABEL, which measures what hashing the bytes read costs a conversion
+WITHOUT_DIGESTS = """
+import ascendconv.pipeline as pipeline
+
+class NoHash:
+    def update(self, data):
+        pass
+
+    def digest(self):
+        return bytes(32)
+
+pipeline.tensor_hasher = NoHash
+from ascendconv.cli import app
+app()
+"""
 MX_LABEL = "convert native (MX re-layout)"
 TARGET_MX_RATIO = 1.0  # a pure re-layout: at most `cp -r` + sync of the same source
 
@@ -387,7 +409,7 @@ def identity_cost(source: Path, reps: int, cold: bool) -> float:
     """Median seconds to sample every source shard's data into the plan identity (what convert adds
     for it), the shards' pages dropped from the page cache first when `cold`."""
     from ascendconv.io.safetensors import read_header
-    from ascendconv.package_files import data_sample
+    from ascendconv.package_files import tensor_sample
 
     shards = sorted(source.glob("*.safetensors"))
     headers = [read_header(p) for p in shards]
@@ -397,7 +419,7 @@ def identity_cost(source: Path, reps: int, cold: bool) -> float:
             evict([str(p) for p in shards])
         started = time.perf_counter()
         for header in headers:
-            data_sample(header)
+            tensor_sample(header)
         times.append(time.perf_counter() - started)
     return statistics.median(times)
 
@@ -413,6 +435,7 @@ class Command:
         self.prepare_command = prepare_command  # after `prepare` and the output cleared, before the command only
         self.times: list[float] = []
         self.baseline_times: list[float] = []
+        self.baseline_cpu: list[float] = []  # CPU seconds move less than wall ones on a busy machine
         self.cpu: list[float] = []
         self.rss = 0
 
@@ -428,7 +451,9 @@ class Command:
 
     def run(self) -> None:
         if self.baseline:
-            self.baseline_times.append(self.measure(self.baseline)[0])
+            seconds, _, _, cpu = self.measure(self.baseline)
+            self.baseline_times.append(seconds)
+            self.baseline_cpu.append(cpu)
         seconds, peak, _, cpu = self.measure(self.argv)
         self.times.append(seconds)
         self.cpu.append(cpu)
@@ -451,6 +476,7 @@ class Command:
         if self.baseline:
             row["ratio"] = round(statistics.median(t / b for t, b in zip(self.times, self.baseline_times)), 3)
             row["baseline_s"] = round(statistics.median(self.baseline_times), 3)
+            row["baseline_cpu_s"] = round(statistics.median(self.baseline_cpu), 3)
         return row
 
 
@@ -519,6 +545,10 @@ def main() -> None:
             warm(derived)
             commands.append(Command(label, tool + ["convert", "--quiet", str(derived), str(out)], dir_bytes(derived),
                                     ["cp", "-r", str(derived), str(out)], out))
+    # what hashing the source bytes read costs a conversion: the same convert with the hashers off
+    convert = tool + ["convert", "--quiet", str(source), str(out)]
+    without_digests = [sys.executable, "-c", WITHOUT_DIGESTS, "convert", "--quiet", str(source), str(out)]
+    commands.append(Command(IDENTITY_LABEL, convert, source_bytes, without_digests, out))
     # --resume after a crash half-way, against a full --resume run from nothing: the kept shards are
     # trusted by their ledger's size, inode, mtime and ctime, never read again
     resume = tool + ["convert", "--quiet", "--resume", str(source), str(out)]
@@ -560,7 +590,7 @@ def main() -> None:
         ratio = f"{row['ratio']:6.2f}" if row["ratio"] is not None else f"{'':6s}"
         base = ""
         if command.baseline:
-            named = "cp -r" if command.baseline[0] == "cp" else "full" if command.label == RESUME_LABEL else "cat"
+            named = {RESUME_LABEL: "full", IDENTITY_LABEL: "no digests"}.get(command.label, "cp -r" if command.baseline[0] == "cp" else "cat")
             base = f"{named} {row['baseline_s']:.2f} s"
         print(
             f"{row['command']:34s} {row['median_s']:8.2f} {row['cpu_s']:6.2f} {rate} {ratio} {base:>15s} "
@@ -574,10 +604,14 @@ def main() -> None:
         notice = next((line.strip() for line in first_stderr.splitlines() if "compil" in line), None)
         print(f"  its notice on stderr: {notice!r}")
     by_label = {row["command"]: row for row in rows}
-    convert_s = by_label.get("convert w8a8-mxfp8", {}).get("median_s")
+    convert_s = by_label.get("convert w8a8-mxfp8", {}).get("median_s") or by_label.get(IDENTITY_LABEL, {}).get("baseline_s")
     if identity is not None:
-        print(f"{'source identity (data sample)':34s} {identity[0]:8.3f}  (cold cache {identity[1]:.3f} s"
+        print(f"{'source identity (tensor sample)':34s} {identity[0]:8.3f}  (cold cache {identity[1]:.3f} s"
               + (f"; {identity[1] / convert_s:.3f} x convert w8a8-mxfp8)" if convert_s else ")"))
+    if IDENTITY_LABEL in by_label:
+        row = by_label[IDENTITY_LABEL]
+        print(f"{IDENTITY_LABEL}: {row['cpu_s']:.2f} CPU s against {row['baseline_cpu_s']:.2f} without them "
+              f"({row['cpu_s'] / row['baseline_cpu_s'] - 1:+.1%} CPU; {row['ratio'] - 1:+.1%} wall)")
     hashing = {}  # verify OUT label -> (seconds less the start-up, their ratio to cat)
     start_s = by_label[STARTUP_LABEL]["median_s"] if STARTUP_LABEL in by_label else 0.0  # skipped: the whole command
     for label in ("verify OUT", "verify OUT (cold cache)"):
@@ -619,6 +653,10 @@ def main() -> None:
         ratio = by_label[RESUME_LABEL]["ratio"]
         checks.append((f"{RESUME_LABEL}: <= {TARGET_RESUME_RATIO} x a full --resume run ({ratio:.2f} x)",
                        ratio <= TARGET_RESUME_RATIO))
+    if IDENTITY_LABEL in by_label:
+        ratio = by_label[IDENTITY_LABEL]["ratio"]
+        checks.append((f"{IDENTITY_LABEL}: <= {TARGET_DIGESTS_RATIO:.2f} x convert without them ({ratio:.2f} x)",
+                       ratio <= TARGET_DIGESTS_RATIO))
     if identity is not None and convert_s:
         checks.append((f"source identity: <= {TARGET_IDENTITY_RATIO:.0%} of convert w8a8-mxfp8, cold cache "
                        f"({identity[1] / convert_s:.1%})", identity[1] / convert_s <= TARGET_IDENTITY_RATIO))

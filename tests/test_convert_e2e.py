@@ -125,7 +125,9 @@ def test_copied_files_are_byte_identical_and_nothing_else_is_safetensors(convert
     provenance = json.loads((out / "ascendconv_provenance.json").read_text())
     for shard in shards:
         assert provenance["checksum"] == "blake3"
-        assert provenance["shards"][shard] == {"blake3": file_digest(out / shard), "size": (out / shard).stat().st_size}
+        recorded = provenance["shards"][shard]
+        assert {k: recorded[k] for k in ("blake3", "size")} == {"blake3": file_digest(out / shard), "size": (out / shard).stat().st_size}
+        assert sorted(recorded) == ["blake3", "size", "source_data"] and len(recorded["source_data"]) == 64
     assert [f["name"] for f in provenance["source"]["files"]] == sorted(p.name for p in src.glob("*.safetensors"))
 
 

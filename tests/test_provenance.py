@@ -45,6 +45,7 @@ RECORD = ProvenanceRecord(
 DATE = "2026-12-01T21:30:00Z"
 DIGESTS = {"quant_model_weights-00002-of-00002.safetensors": "22" * 32, "quant_model_weights-00001-of-00002.safetensors": "11" * 32}
 SIZES = {"quant_model_weights-00002-of-00002.safetensors": 4096, "quant_model_weights-00001-of-00002.safetensors": 8192}
+READS = {"quant_model_weights-00002-of-00002.safetensors": "44" * 32, "quant_model_weights-00001-of-00002.safetensors": "33" * 32}
 FILES = {"tokenizer.json": "33" * 32, "config.json": "44" * 32}
 
 
@@ -55,7 +56,7 @@ def read_back(tmp_path, document: dict) -> Provenance:
 
 def test_every_written_field_reads_back(tmp_path):
     base = RECORD.base()
-    read = read_back(tmp_path, RECORD.document(DIGESTS, SIZES, FILES, DATE))
+    read = read_back(tmp_path, RECORD.document(DIGESTS, SIZES, FILES, DATE, READS))
     for field in dataclasses.fields(ProvenanceRecord):
         assert getattr(read, field.name) == base[field.name], field.name
     assert read.source == {
@@ -64,8 +65,8 @@ def test_every_written_field_reads_back(tmp_path):
         "quantization_config": "text_config.quantization_config",
         "params": {"weight_block_size": [128, 64]},
         "files": [
-            {"name": "a.safetensors", "size": 1234, "fingerprint": "ab" * 32, "data_sample": "ef" * 32},
-            {"name": "b.safetensors", "size": 0, "fingerprint": "cd" * 32, "data_sample": "01" * 32},
+            {"name": "a.safetensors", "size": 1234, "fingerprint": "ab" * 32, "tensor_sample": "ef" * 32},
+            {"name": "b.safetensors", "size": 0, "fingerprint": "cd" * 32, "tensor_sample": "01" * 32},
         ],
     }
     assert read.source_name == "Kimi-K2" and read.source_files == base["source"]["files"]
@@ -101,28 +102,29 @@ def test_the_file_keeps_its_key_order_and_layout(tmp_path):
         RECORD, source=dataclasses.replace(RECORD.source, files=RECORD.source.files[:1]), fallbacks=(), source_nonfinite={}
     )
     one_file = dataclasses.replace(one_file, hub=None, overrides=())
-    dump_json(tmp_path / "p.json", one_file.document({"s2": "22", "s1": "11"}, {"s1": 1, "s2": 2}, {"z": "55", "a": "66"}, DATE))
+    dump_json(tmp_path / "p.json", one_file.document({"s2": "22", "s1": "11"}, {"s1": 1, "s2": 2}, {"z": "55", "a": "66"}, DATE,
+                                                             {"s1": "33", "s2": "44"}))
     assert (tmp_path / "p.json").read_text(encoding="utf-8") == (
         '{\n  "tool": "ascendconv",\n  "version": "9.8.7",\n  "source": {\n    "name": "Kimi-K2",\n'
         '    "format": "hf-fp8-block",\n    "quantization_config": "text_config.quantization_config",\n'
         '    "params": {\n      "weight_block_size": [\n        128,\n        64\n      ]\n    },\n    "files": [\n      {\n        "name": "a.safetensors",\n        "size": 1234,\n'
-        f'        "fingerprint": "{"ab" * 32}",\n        "data_sample": "{"ef" * 32}"\n      }}\n    ]\n  }},\n'
+        f'        "fingerprint": "{"ab" * 32}",\n        "tensor_sample": "{"ef" * 32}"\n      }}\n    ]\n  }},\n'
         '  "scheme": "w4a8-mxfp-moe",\n'
         '  "scale_rule": "floor",\n  "resolve_dtype": "fp16",\n  "kernel": "reference",\n  "fallbacks": [],\n'
         '  "source_nonfinite": {},\n  "checksum": "blake3",\n  "hub": null,\n  "deployment": {\n    "tp": 8,\n'
         '    "ep": true,\n    "shared_experts_as_routed": false\n  },\n  "overrides": [],\n'
         f'  "command": "{RECORD.command}",\n  "added_tensors": {{}},\n  "date": "{DATE}",\n'
         '  "files": {\n    "a": "66",\n    "z": "55"\n  },\n'
-        '  "shards": {\n    "s1": {\n      "blake3": "11",\n      "size": 1\n'
-        '    },\n    "s2": {\n      "blake3": "22",\n      "size": 2\n    }\n  }\n}\n'
+        '  "shards": {\n    "s1": {\n      "blake3": "11",\n      "size": 1,\n      "source_data": "33"\n'
+        '    },\n    "s2": {\n      "blake3": "22",\n      "size": 2,\n      "source_data": "44"\n    }\n  }\n}\n'
     )
 
 
 def test_a_part_manifests_copy_gives_the_same_document():
     """assemble writes the provenance from the record's JSON kept in a part manifest: same document."""
     kept = json.loads(json.dumps(RECORD.base()))
-    assert provenance_document(kept, DIGESTS, SIZES, FILES, DATE) == RECORD.document(DIGESTS, SIZES, FILES, DATE)
-    assert list(RECORD.document(DIGESTS, SIZES, FILES, DATE)) == (
+    assert provenance_document(kept, DIGESTS, SIZES, FILES, DATE, READS) == RECORD.document(DIGESTS, SIZES, FILES, DATE, READS)
+    assert list(RECORD.document(DIGESTS, SIZES, FILES, DATE, READS)) == (
         [f.name for f in dataclasses.fields(ProvenanceRecord)] + ["date", "files", "shards"]
     )
 

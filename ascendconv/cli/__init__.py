@@ -20,7 +20,7 @@ from typer.core import TyperGroup
 from ascendconv import __version__
 from ascendconv.cli.console import err, out
 from ascendconv.cli.envelope import dump_envelope, error_envelope, usage_hint
-from ascendconv.errors import EXIT_INTERRUPTED, AscendconvError, Interrupted
+from ascendconv.errors import EXIT_INTERRUPTED, AscendconvError, Interrupted, out_of_memory
 
 # At exit the interpreter's last garbage collection walks every object still alive, numba's type
 # system included: 0.11 s of a 0.63 s convert of the sample, 0.03 s of a 0.15 s verify. Objects frozen
@@ -54,6 +54,13 @@ class CommandLine(TyperGroup):
         except BrokenPipeError:  # `ascendconv inspect X | head`: the reader left; say nothing more
             sys.stdout = open(os.devnull, "w")
             sys.exit(1)
+        except MemoryError as exc:
+            # the one net for every command and every step of it (a lazy import, the library, the
+            # rendering): the pipeline names the tensor it was converting, this the command
+            command = next((a for a in argv if a in self.commands), None)
+            named = out_of_memory(exc, f"to {command or 'start'}")
+            report_error(named, "--json" in argv, command)
+            sys.exit(named.exit_code)
         sys.exit(code if isinstance(code, int) else 0)
 
 
@@ -79,17 +86,21 @@ def main(
     """ascendconv: offline block-FP8 -> MXFP8 / MXFP4 conversion for Ascend NPUs."""
 
 
+def report_error(exc: AscendconvError, as_json: bool, command: str | None) -> None:
+    if as_json:
+        dump_envelope(error_envelope(command, exc.code, exc.message, exc.hint, exc.exit_code))
+    # soft_wrap: a message names files and tensors; never break it inside a name
+    err.print(f"[bold red]error:[/] {escape(exc.message)}", highlight=False, soft_wrap=True)
+    if exc.hint:
+        err.print(f"[dim]hint:[/] {escape(exc.hint)}", highlight=False, soft_wrap=True)
+
+
 def run(action: Callable[[], object], as_json: bool, command: str) -> object:
     """Call the library; turn its errors into a message, a hint and an exit code."""
     try:
         return action()
     except AscendconvError as exc:
-        if as_json:
-            dump_envelope(error_envelope(command, exc.code, exc.message, exc.hint, exc.exit_code))
-        # soft_wrap: a message names files and tensors; never break it inside a name
-        err.print(f"[bold red]error:[/] {escape(exc.message)}", highlight=False, soft_wrap=True)
-        if exc.hint:
-            err.print(f"[dim]hint:[/] {escape(exc.hint)}", highlight=False, soft_wrap=True)
+        report_error(exc, as_json, command)
         raise typer.Exit(exc.exit_code)
     except KeyboardInterrupt as exc:
         what = f"by {signal.Signals(exc.signum).name}" if isinstance(exc, Interrupted) else ""

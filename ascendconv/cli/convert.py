@@ -90,9 +90,9 @@ def convert(
 ) -> None:
     """Convert a checkpoint (FP8, MX or BF16; see `inspect`) into an AscendV1 MX package (the types per --scheme).
 
-    --quiet prints no table; --json prints one object.
+    --quiet prints no table, only warnings (on stderr); --json prints one object, warnings in it.
     """
-    from ascendconv.cli.render.convert import render_convert
+    from ascendconv.cli.render.convert import print_warnings, render_convert
     from ascendconv.convert import convert as run_convert
     from ascendconv.io.hfcache import resolve_source
     from ascendconv.parts import parse_part
@@ -131,6 +131,8 @@ def convert(
         print_json(result, "convert")
     elif not quiet:
         render_convert(result, out, err, src)
+    else:
+        print_warnings(result.plan.warnings, err)
 
 
 def parse_override(text: str):

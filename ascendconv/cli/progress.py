@@ -108,7 +108,8 @@ def byte_progress(quiet: bool, label: str):
     return bar, lambda done, total: bar.update(task, completed=done, total=total), None
 
 
-VERIFY_LABELS = {"scan": "scanning shards", "source": "comparing with source", "moe": "MoE layers", "npu": "NPU"}
+VERIFY_LABELS = {"scan": "scanning shards", "source-data": "hashing the source", "source": "comparing with source",
+                 "moe": "MoE layers", "npu": "NPU"}
 COUNTED_PHASES = (VERIFY_LABELS["moe"], VERIFY_LABELS["npu"])  # these count layers; the others bytes
 
 

@@ -156,7 +156,8 @@ def _advise_read(fd: int, offset: int, length: int) -> None:
         pass
 
 
-# The source's data in a plan's identity: each source shard's data region sampled at SAMPLE_WINDOWS
+# The source's data in the identity of packages before tensor windows (still checked by verify):
+# each source shard's data region sampled at SAMPLE_WINDOWS
 # evenly spaced windows (the first and last included). A fine-tune or a re-upload of the same layout
 # changes nearly every byte, so any window tells; reading 1 MiB per shard costs next to nothing
 # beside converting it, where hashing all of it would re-read the whole source.
@@ -164,26 +165,92 @@ SAMPLE_WINDOWS = 16
 SAMPLE_BYTES = 64 * 2**10
 
 
-def sampled_digest(path: str | os.PathLike, start: int, end: int) -> str:
-    """BLAKE3 of bytes [start, end) of a regular file, sampled (all of them when the span is small)."""
-    from ascendconv.io.files import open_regular
-
-    hasher = new_hasher()
+def shard_windows(start: int, end: int) -> list[tuple[int, int]]:
+    """The [first, last) byte ranges `sampled_digest` reads of the span [start, end)."""
     span = max(end - start, 0)
     if span <= SAMPLE_WINDOWS * SAMPLE_BYTES:
         offsets = range(start, end, SAMPLE_BYTES)
     else:
         step = (span - SAMPLE_BYTES) // (SAMPLE_WINDOWS - 1)
         offsets = [start + i * step for i in range(SAMPLE_WINDOWS - 1)] + [end - SAMPLE_BYTES]  # the last byte too
+    return [(offset, min(offset + SAMPLE_BYTES, end)) for offset in offsets]
+
+
+def sampled_digest(path: str | os.PathLike, start: int, end: int) -> str:
+    """BLAKE3 of bytes [start, end) of a regular file, sampled (all of them when the span is small)."""
+    return _ranges_digest(path, shard_windows(start, end), max(end - start, 0))
+
+
+def _ranges_digest(path: str | os.PathLike, ranges: list[tuple[int, int]], span: int) -> str:
+    """BLAKE3 of the bytes of `ranges` ([first, last), in order) of a regular file, then `span`."""
+    from ascendconv.io.files import open_regular
+
+    hasher = new_hasher()
     fd, _ = open_regular(Path(path))
     try:
-        for offset in offsets:
-            count = min(SAMPLE_BYTES, end - offset)
-            data = os.pread(fd, count, offset)
-            if len(data) != count:
-                raise OSError(errno.EIO, f"{path} shrank while it was being read")
-            hasher.update(data)
+        for begin, stop in ranges:
+            for offset in range(begin, stop, HASH_PIECE):  # merged windows of small tensors can be long
+                count = min(HASH_PIECE, stop - offset)
+                data = os.pread(fd, count, offset)
+                if len(data) != count:
+                    raise OSError(errno.EIO, f"{path} shrank while it was being read")
+                hasher.update(data)
     finally:
         os.close(fd)
     hasher.update(span.to_bytes(8, "little"))
+    return hasher.hexdigest()
+
+
+# The source's data in a plan's identity, from this version on: a window of TENSOR_WINDOW bytes at
+# the start, the middle and the end of every tensor's bytes (a tensor smaller than three windows is
+# read whole), besides the shard windows above. A fine-tune that changes only some tensors (a few
+# layers, a LoRA merged into attention) changes nearly every byte of each, so it meets that tensor's
+# windows wherever the shard windows fall. Neighbouring windows closer than MERGE_GAP are read as
+# one range (a run of small tensors is one read).
+TENSOR_WINDOW = 4 * 2**10
+MERGE_GAP = 16 * 2**10
+
+
+def tensor_windows(spans: list[tuple[int, int]], start: int, end: int) -> list[tuple[int, int]]:
+    """The [first, last) byte ranges `tensor_sampled_digest` reads: every span's start, middle and
+    end windows and the shard windows of [start, end), sorted and merged."""
+    ranges = []
+    for begin, stop in spans:
+        if stop - begin <= 3 * TENSOR_WINDOW:
+            ranges.append((begin, stop))
+            continue
+        middle = begin + (stop - begin - TENSOR_WINDOW) // 2
+        ranges += [(begin, begin + TENSOR_WINDOW), (middle, middle + TENSOR_WINDOW), (stop - TENSOR_WINDOW, stop)]
+    ranges += shard_windows(start, end)
+    merged: list[list[int]] = []
+    for begin, stop in sorted(r for r in ranges if r[1] > r[0]):
+        if merged and begin <= merged[-1][1] + MERGE_GAP:
+            merged[-1][1] = max(merged[-1][1], stop)
+        else:
+            merged.append([begin, stop])
+    return [(begin, stop) for begin, stop in merged]
+
+
+def tensor_sampled_digest(path: str | os.PathLike, spans: list[tuple[int, int]], start: int, end: int) -> str:
+    """BLAKE3 of the bytes of `tensor_windows` of a regular file, in file order, then the span's size."""
+    return _ranges_digest(path, tensor_windows(spans, start, end), max(end - start, 0))
+
+
+# What each package shard was made from: BLAKE3 of the bytes of every source tensor it was made
+# from, hashed while the pipeline reads them, folded into one digest per shard (`reads_digest`).
+# Recorded in the provenance, the part manifest and the resume ledger, so that `verify --source`
+# proves each shard was made from the very bytes of the source it is given.
+def tensor_hasher():
+    """A BLAKE3 on the calling thread only: it runs beside the conversion kernels, on cores they use."""
+    import blake3
+
+    return blake3.blake3()
+
+
+def reads_digest(tensor_digests: dict[str, bytes]) -> str:
+    """One digest of source tensor name -> BLAKE3 of its bytes, in name order."""
+    hasher = new_hasher()
+    for name in sorted(tensor_digests):
+        encoded = name.encode("utf-8", "surrogatepass")
+        hasher.update(len(encoded).to_bytes(8, "little") + encoded + tensor_digests[name])
     return hasher.hexdigest()

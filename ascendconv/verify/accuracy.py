@@ -13,7 +13,7 @@ from typing import Iterator
 
 import numpy as np
 
-from ascendconv.ascendv1 import PROVENANCE_NAME
+from ascendconv.ascendv1 import PROVENANCE_NAME, SOURCE_DATA_KEY
 from ascendconv.errors import HeaderError, NaNCodeError, NonFiniteScaleError, NonFiniteValueError
 from ascendconv.formats import requantize
 from ascendconv.ascendv1 import MX_TYPES, QUANT_TYPES
@@ -125,7 +125,7 @@ def _module_measurable(lay: _Layout, module: _Module, linear) -> str | None:
 def _compare_source(
     lay: _Layout, source, options: VerifyOptions, progress: Progress | None, notice: Notice | None = None
 ) -> _SourceFindings:
-    from ascendconv.package_files import data_sample, source_fingerprint
+    from ascendconv.package_files import data_sample, source_fingerprint, tensor_sample
 
     found = _SourceFindings()
     prov = lay.pkg.record
@@ -137,14 +137,17 @@ def _compare_source(
     if recorded is not None:
         # a name of another type than a string (a list: unhashable) is no shard of any source
         want = {f["name"]: f for f in recorded if isinstance(f, dict) and isinstance(f.get("name"), str)}
-        sampled = {name for name, f in want.items() if "data_sample" in f}  # older packages: no sample
+        # the sample each package recorded: every tensor's windows, the shard's only (packages of
+        # before), or none (older still)
+        samples = {"tensor_sample": tensor_sample, "data_sample": data_sample}
+        sampled = {name: next((k for k in samples if k in f), None) for name, f in want.items()}
         have = {
             h.path.name: (h.file_size, source_fingerprint(h.header_bytes, h.file_size))
-            + ((data_sample(h),) if h.path.name in sampled else ())
+            + ((samples[kind](h),) if (kind := sampled.get(h.path.name)) else ())
             for h in source.headers
         }
         want = {
-            name: (f.get("size"), f.get("fingerprint")) + ((f["data_sample"],) if name in sampled else ())
+            name: (f.get("size"), f.get("fingerprint")) + ((f[sampled[name]],) if sampled[name] else ())
             for name, f in want.items()
         }
         if set(have) != set(want):
@@ -161,6 +164,7 @@ def _compare_source(
 
     # 2. the tensor set the source implies
     by_weight = {linear.weight.name: linear for linear in source.linears.values()}
+    found.source += _source_data_problems(lay, source, by_weight, progress)
     scale_names = source.scale_names
     implied: set[str] = set()
     for name in source.tensors:
@@ -209,6 +213,53 @@ def _compare_source(
                 progress("source", done, total)
     found.rows, found.rows_of, found.relaid = derive.rows, derive.rows_of, derive.relaid
     return found
+
+
+def _source_data_problems(lay: _Layout, source, by_weight: dict, progress: Progress | None) -> list[str]:
+    """Each shard that records the digest of the source bytes it was made from (packages of
+    before do not) against the same digest of the source given: the proof that the shard was made
+    from these very bytes, which the sampled identity of the source only makes likely."""
+    from ascendconv.io.checksum import reads_digest
+    from ascendconv.pipeline import entry_digest, made_from
+
+    shards = lay.pkg.record.shards or {}
+    recorded = {name: e[SOURCE_DATA_KEY] for name, e in shards.items() if isinstance(e, dict) and isinstance(e.get(SOURCE_DATA_KEY), str)}
+    if not recorded:
+        return []
+    by_prefix = {linear.prefix: linear for linear in source.linears.values()}
+    added = lay.pkg.record.added_tensors
+    made_of: dict[str, list | None] = {name: [] for name in recorded}  # shard -> source tensors; None: unknown
+    for name, entry in lay.tensors.items():
+        shard = entry.path.name
+        if made_of.get(shard) is None:
+            continue
+        prefix, _, last = name.rpartition(".")
+        if name in added:
+            origin = added[name]
+        elif prefix in by_prefix and last == "weight":
+            origin = by_prefix[prefix].weight.name
+        elif prefix in by_prefix and last == "weight_scale":
+            continue  # made with its weight, from the weight's sources
+        else:
+            origin = name
+        if origin in source.tensors:
+            made_of[shard] += made_from(source, by_weight, origin)
+        else:
+            made_of[shard] = None  # a tensor that does not come from the source: reported apart
+    entries = {e.name: e for sources in made_of.values() if sources for e in sources}
+    digests, done, total = {}, 0, sum(e.nbytes for e in entries.values())
+    for entry, digest in _ordered_map(lambda e: entry_digest(source, e), list(entries.values()), os.cpu_count() or 1):
+        digests[entry.name] = digest
+        done += entry.nbytes
+        if progress:
+            progress("source-data", done, total)
+    problems = []
+    for shard, sources in sorted(made_of.items()):
+        if sources is not None and reads_digest({e.name: digests[e.name] for e in sources}) != recorded[shard]:
+            problems.append(f"package shard {shard} was made from other source bytes than the source given holds "
+                            f"(its recorded {SOURCE_DATA_KEY} differs): a fine-tune, another revision, or a source "
+                            "changed since it was converted")
+    return problems
 
 
 def _ordered_map(function, items: list, workers: int) -> Iterator[tuple]:

@@ -10,6 +10,13 @@ from rich.text import Text
 from ascendconv.cli.render.tables import deployment_flags, human_bytes, plural, print_table, section, types_cell
 
 
+def print_warnings(warnings: list[str], err: Console) -> None:
+    """Each warning on stderr, one line each (never wrapped: CI logs grep them), with or without
+    --quiet: a quiet run is one with no table, not one that hides what may be wrong."""
+    for warning in warnings:
+        err.print(Text(f"warning: {warning}", style="yellow"), soft_wrap=True)
+
+
 def render_convert(result, out: Console, err: Console, source: str = "SRC") -> None:
     """What became what (module groups), shards when planning, fallbacks, and the totals."""
     plan = result.plan
@@ -22,8 +29,7 @@ def render_convert(result, out: Console, err: Console, source: str = "SRC") -> N
     deployment = plan.deployment
     if deployment.tp > 1 or deployment.ep or deployment.shared_experts_as_routed or not deployment.mtp_heads:
         out.print(Text(f"planned for {deployment_flags(dataclasses.asdict(deployment))}"))
-    for warning in plan.warnings:
-        err.print(Text(f"warning: {warning}", style="yellow"))
+    print_warnings(plan.warnings, err)
     rows = [[pattern, str(sum(types.values())), types_cell(types)] for pattern, types in plan.module_groups().items()]
     section(out, "source linears, by module (layer and expert numbers as *)")
     print_table(out, ["module", "n", "written as"], rows, right=(1,))
