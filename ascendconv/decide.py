@@ -200,19 +200,25 @@ class ModuleFacts:
 def module_facts(
     linears: dict[str, SourceLinear], rules: ModelRules = GENERIC_RULES, deployment: Deployment = Deployment()
 ) -> dict[str, ModuleFacts]:
+    """Each source linear's facts. Equal facts are one object (the experts of a MoE layer share a few),
+    so that decide_modules decides each distinct one once."""
     facts = {}
+    interned: dict[tuple, ModuleFacts] = {}
     for prefix, linear in linears.items():
         expert = rules.routed_expert(prefix)
         routed = expert is not None
-        group = expert["layer"] + ".experts" if routed else rules.packed_group(prefix)
+        group = expert["layer"] + ".experts" if routed else rules.fused_group(prefix)
         if deployment.shared_experts_as_routed and not routed:
             shared_in = rules.shared_expert_layer(prefix)
             if shared_in is not None:  # loaded into the routed experts' tensor: one of them
                 routed, group = True, shared_in + ".experts"
         k, k_label = rank_k(prefix, linear.shape[1], routed, deployment, rules)
-        facts[prefix] = ModuleFacts(
-            group, routed, rules.default_float(prefix), rules.is_mtp(prefix), k, k_label, linear.native
-        )
+        mtp = rules.is_mtp(prefix)
+        key = (group, routed, rules.default_float(prefix, mtp), mtp, k, k_label, linear.native)
+        fact = interned.get(key)
+        if fact is None:
+            fact = interned[key] = ModuleFacts(*key)
+        facts[prefix] = fact
     return facts
 
 
@@ -237,15 +243,24 @@ def decide_modules(
     facts = facts if facts is not None else module_facts(linears)
     groups = groups if groups is not None else group_members(facts)
     decisions: dict[str, ModuleDecision] = {}
+    # Without overrides, what a linear asks for and fits depends on its facts alone: once per
+    # distinct facts object (module_facts shares equal ones), not once per expert.
+    asked: dict[int, tuple[tuple[str, str], tuple[str, str | None]]] = {}
     for group, members in groups.items():
-        wants, fits = [], []
+        wants, fits, distinct = [], [], {}
         for prefix in members:
             fact = facts[prefix]
-            want = requested_type(prefix, scheme, overrides, fact.kept_float, fact.routed, fact.native)
-            wants.append(want)
-            fits.append(best_feasible(want[0], fact.k, fact.routed, fact.k_label))
+            known = asked.get(id(fact)) if not overrides else None
+            if known is None:
+                want = requested_type(prefix, scheme, overrides, fact.kept_float, fact.routed, fact.native)
+                known = want, best_feasible(want[0], fact.k, fact.routed, fact.k_label)
+                if not overrides:
+                    asked[id(fact)] = known
+            wants.append(known[0])
+            fits.append(known[1])
+            distinct[id(fact)] = fact
         lowest = min((fit[0] for fit in fits), key=RANK.__getitem__)
-        group_type = common_type(lowest, [(facts[p].k, facts[p].routed, facts[p].k_label) for p in members])
+        group_type = common_type(lowest, [(f.k, f.routed, f.k_label) for f in distinct.values()])
         at = next((i for i, fit in enumerate(fits) if fit[0] == group_type), None)
         if at is None:  # no member fits the group's type on its own: the one that set `lowest` led there
             at = next(i for i, fit in enumerate(fits) if fit[0] == lowest)
@@ -256,14 +271,19 @@ def decide_modules(
             joined = f"one type per MoE layer; {limiting[len(group) - len('experts'):]}"
         else:
             joined = f"packed with {limiting}"
-        for prefix, (requested, why), (fit_type, fit_reason) in zip(members, wants, fits):
-            if group_type == requested:
-                reason = why
-            elif fit_type == group_type and fit_reason:
-                reason = fit_reason
-            elif limiting_fit[1]:
-                reason = f"{joined}: {limiting_fit[1]}"
-            else:
-                reason = f"{joined} was requested as {limiting_want[0]} ({limiting_want[1]})"
+        reasons: dict[tuple, str] = {}  # (requested, why, fit) -> reason: members alike share it
+        for prefix, (requested, why), fit in zip(members, wants, fits):
+            reason = reasons.get((requested, why, fit))
+            if reason is None:
+                fit_type, fit_reason = fit
+                if group_type == requested:
+                    reason = why
+                elif fit_type == group_type and fit_reason:
+                    reason = fit_reason
+                elif limiting_fit[1]:
+                    reason = f"{joined}: {limiting_fit[1]}"
+                else:
+                    reason = f"{joined} was requested as {limiting_want[0]} ({limiting_want[1]})"
+                reasons[(requested, why, fit)] = reason
             decisions[prefix] = ModuleDecision(prefix, group, linears[prefix].shape, requested, group_type, reason)
     return decisions

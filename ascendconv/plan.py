@@ -298,9 +298,11 @@ def output_tensors(
 ) -> list[OutputTensor]:
     """Every package tensor, in source order so that reading the source stays sequential, then the
     tensors the package adds (byte copies of a source tensor under another name)."""
-    copied = {prefix: linear.copied_when_float for prefix, linear in linears.items()}
     out: list[OutputTensor] = []
     add = out.append
+    # (written, N, K, native type) -> the MX payload's and scale's dtype, shapes, bytes, kind and
+    # transform: a full-scale checkpoint has 100,000 linears of a few dozen shapes
+    made: dict[tuple, tuple] = {}
     for name, entry, prefix, bias_of in layout if layout is not None else source_layout(tensors, linears):
         if prefix is None:
             if bias_of is not None and decisions[bias_of].written != FLOAT:
@@ -310,22 +312,27 @@ def output_tensors(
             continue
         written = decisions[prefix].written
         linear = linears[prefix]
-        n, k = linear.shape
         weight = prefix + ".weight"  # the source may name it otherwise (compressed-tensors: weight_packed)
-        if written == FLOAT and copied.get(prefix):
-            add(OutputTensor(weight, entry.dtype, entry.shape, FLOAT, OutputKind.COPY, name, entry.nbytes))
-            continue
         if written == FLOAT:
-            add(OutputTensor(weight, "BF16", (n, k), FLOAT, OutputKind.RESOLVE, name, 2 * n * k))
+            if linear.copied_when_float:
+                add(OutputTensor(weight, entry.dtype, entry.shape, FLOAT, OutputKind.COPY, name, entry.nbytes))
+            else:
+                n, k = linear.shape
+                add(OutputTensor(weight, "BF16", (n, k), FLOAT, OutputKind.RESOLVE, name, 2 * n * k))
             continue
-        quant = QUANT_TYPES[written]
-        shape = quant.weight_shape(n, k)
-        native = QUANT_TYPES[linear.native].element if linear.native else None
-        transform = transform_for(native, quant.element) if native else None
-        kind = OutputKind.MX_WEIGHT if transform is None else OutputKind.MX_RELAID
-        add(OutputTensor(weight, quant.weight_dtype, shape, written, kind, name, shape[0] * shape[1], transform=transform))
-        scale = quant.scale_shape(n, k)
-        add(OutputTensor(prefix + ".weight_scale", "U8", scale, written, OutputKind.MX_SCALE, name, scale[0] * scale[1]))
+        n, k = linear.shape
+        native = linear.native
+        key = (written, n, k, native)
+        shapes = made.get(key)
+        if shapes is None:
+            quant = QUANT_TYPES[written]
+            shape, scale = quant.weight_shape(n, k), quant.scale_shape(n, k)
+            transform = transform_for(QUANT_TYPES[native].element, quant.element) if native else None
+            kind = OutputKind.MX_WEIGHT if transform is None else OutputKind.MX_RELAID
+            shapes = made[key] = (quant.weight_dtype, shape, shape[0] * shape[1], kind, transform, scale, scale[0] * scale[1])
+        dtype, shape, nbytes, kind, transform, scale, scale_bytes = shapes
+        add(OutputTensor(weight, dtype, shape, written, kind, name, nbytes, transform=transform))
+        add(OutputTensor(prefix + ".weight_scale", "U8", scale, written, OutputKind.MX_SCALE, name, scale_bytes))
     for extra in added:
         entry = tensors[extra.source]
         add(OutputTensor(extra.name, entry.dtype, entry.shape, FLOAT, OutputKind.COPY, extra.source, entry.nbytes))
