@@ -194,6 +194,7 @@ class ModuleFacts:
     mtp: bool  # in a multi-token-prediction layer
     k: int | None  # K as one rank sees it (None: K does not split over the ranks)
     k_label: str  # how to say K in a reason
+    shape: tuple[int, int] = (0, 0)  # [N, K] of the linear's values (SourceLinear.shape)
     native: str | None = None  # the type an MX source linear already is (sources/base.py)
 
 
@@ -212,9 +213,10 @@ def module_facts(
             shared_in = rules.shared_expert_layer(prefix)
             if shared_in is not None:  # loaded into the routed experts' tensor: one of them
                 routed, group = True, shared_in + ".experts"
-        k, k_label = rank_k(prefix, linear.shape[1], routed, deployment, rules)
+        shape = linear.shape
+        k, k_label = rank_k(prefix, shape[1], routed, deployment, rules)
         mtp = rules.is_mtp(prefix)
-        key = (group, routed, rules.default_float(prefix, mtp), mtp, k, k_label, linear.native)
+        key = (group, routed, rules.default_float(prefix, mtp), mtp, k, k_label, shape, linear.native)
         fact = interned.get(key)
         if fact is None:
             fact = interned[key] = ModuleFacts(*key)
@@ -243,47 +245,41 @@ def decide_modules(
     facts = facts if facts is not None else module_facts(linears)
     groups = groups if groups is not None else group_members(facts)
     decisions: dict[str, ModuleDecision] = {}
-    # Without overrides, what a linear asks for and fits depends on its facts alone: once per
-    # distinct facts object (module_facts shares equal ones), not once per expert.
-    asked: dict[int, tuple[tuple[str, str], tuple[str, str | None]]] = {}
     for group, members in groups.items():
-        wants, fits, distinct = [], [], {}
-        for prefix in members:
-            fact = facts[prefix]
-            known = asked.get(id(fact)) if not overrides else None
-            if known is None:
+        member_facts = [facts[prefix] for prefix in members]
+        # Without overrides, what a linear asks for and fits depends on its facts alone: decided once
+        # per distinct facts object (module_facts shares equal ones), not once per expert
+        keys = [id(fact) for fact in member_facts] if not overrides else members
+        asked: dict[object, tuple[tuple[str, str], tuple[str, str | None]]] = {}  # key -> (want, fit)
+        for prefix, fact, key in zip(members, member_facts, keys):
+            if key not in asked:
                 want = requested_type(prefix, scheme, overrides, fact.kept_float, fact.routed, fact.native)
-                known = want, best_feasible(want[0], fact.k, fact.routed, fact.k_label)
-                if not overrides:
-                    asked[id(fact)] = known
-            wants.append(known[0])
-            fits.append(known[1])
-            distinct[id(fact)] = fact
-        lowest = min((fit[0] for fit in fits), key=RANK.__getitem__)
-        group_type = common_type(lowest, [(f.k, f.routed, f.k_label) for f in distinct.values()])
-        at = next((i for i, fit in enumerate(fits) if fit[0] == group_type), None)
+                asked[key] = want, best_feasible(want[0], fact.k, fact.routed, fact.k_label)
+        lowest = min((fit[0] for _, fit in asked.values()), key=RANK.__getitem__)
+        group_type = common_type(lowest, list(dict.fromkeys((f.k, f.routed, f.k_label) for f in member_facts)))
+        at = next((i for i, key in enumerate(keys) if asked[key][1][0] == group_type), None)
         if at is None:  # no member fits the group's type on its own: the one that set `lowest` led there
-            at = next(i for i, fit in enumerate(fits) if fit[0] == lowest)
-        limiting, limiting_fit, limiting_want = members[at], fits[at], wants[at]
+            at = next(i for i, key in enumerate(keys) if asked[key][1][0] == lowest)
+        limiting = members[at]
+        limiting_want, limiting_fit = asked[keys[at]]
         # vllm-ascend reads a MoE layer's type from its first expert and a fused module's from one
         # member: the whole group takes the lowest type any member needs
         if group.endswith(".experts"):
             joined = f"one type per MoE layer; {limiting[len(group) - len('experts'):]}"
         else:
             joined = f"packed with {limiting}"
-        reasons: dict[tuple, str] = {}  # (requested, why, fit) -> reason: members alike share it
-        for prefix, (requested, why), fit in zip(members, wants, fits):
-            reason = reasons.get((requested, why, fit))
-            if reason is None:
-                fit_type, fit_reason = fit
-                if group_type == requested:
-                    reason = why
-                elif fit_type == group_type and fit_reason:
-                    reason = fit_reason
-                elif limiting_fit[1]:
-                    reason = f"{joined}: {limiting_fit[1]}"
-                else:
-                    reason = f"{joined} was requested as {limiting_want[0]} ({limiting_want[1]})"
-                reasons[(requested, why, fit)] = reason
-            decisions[prefix] = ModuleDecision(prefix, group, linears[prefix].shape, requested, group_type, reason)
+        reasons = {}  # key -> (requested, reason)
+        for key, ((requested, why), (fit_type, fit_reason)) in asked.items():
+            if group_type == requested:
+                reason = why
+            elif fit_type == group_type and fit_reason:
+                reason = fit_reason
+            elif limiting_fit[1]:
+                reason = f"{joined}: {limiting_fit[1]}"
+            else:
+                reason = f"{joined} was requested as {limiting_want[0]} ({limiting_want[1]})"
+            reasons[key] = requested, reason
+        for prefix, fact, key in zip(members, member_facts, keys):
+            requested, reason = reasons[key]
+            decisions[prefix] = ModuleDecision(prefix, group, fact.shape, requested, group_type, reason)
     return decisions

@@ -8,9 +8,14 @@ shards and small files.
 
 from __future__ import annotations
 
+import bisect
 import fnmatch
+import functools
+import itertools
+from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Callable
 
 from ascendconv.ascendv1 import (
     DEFAULT_MAX_SHARD_SIZE,
@@ -101,17 +106,35 @@ class ShardPlan:
         return sum(t.nbytes for t in self.tensors)
 
 
+@dataclass(frozen=True)
+class PlanFigures:
+    """What a plan's tensors add up to, counted without making them (Planner.figures): inspect
+    estimates every scheme of a full-scale checkpoint from these."""
+
+    tensors: dict[str, int]  # package tensors per description label (every label, zeros included)
+    bytes_out: int
+    shards: int
+
+    @property
+    def model_quant_type(self) -> str:
+        present = [quant_type for quant_type, count in self.tensors.items() if count]
+        return max(present, key=RANK.__getitem__) if present else FLOAT
+
+
 @dataclass
 class Plan:
+    """One scheme's plan. Its tensors and shards are made on first use (`place`): a dry run and
+    convert use them, inspect only the decisions and the figures."""
+
     scheme: str
     scale_rule: str
     resolve_dtype: str
     max_shard_size: int
     decisions: dict[str, ModuleDecision]
-    tensors: list[OutputTensor]
-    shards: list[ShardPlan]
-    copied_files: list[str]
-    bytes_in: int
+    figures: PlanFigures
+    place: Callable[[], tuple[list[OutputTensor], list[ShardPlan]]] = field(repr=False, compare=False)
+    copied_files: list[str] = field(default_factory=list)
+    bytes_in: int = 0
     skipped_files: dict[str, str] = field(default_factory=dict)  # source file -> why it is not copied
     rules: ModelRules = GENERIC_RULES
     deployment: Deployment = Deployment()
@@ -121,6 +144,19 @@ class Plan:
     # the ones the drafter needs that --no-mtp-heads leaves out
     added: list[AddedTensor] = field(default_factory=list)
     heads_left_out: list[AddedTensor] = field(default_factory=list)
+
+    @functools.cached_property
+    def _placed(self) -> tuple[list[OutputTensor], list[ShardPlan]]:
+        return self.place()
+
+    @property
+    def tensors(self) -> list[OutputTensor]:
+        """Every package tensor, in write order."""
+        return self._placed[0]
+
+    @property
+    def shards(self) -> list[ShardPlan]:
+        return self._placed[1]
 
     @property
     def warnings(self) -> list[str]:
@@ -168,34 +204,47 @@ class Plan:
 
     def kept_float(self) -> dict[str, int]:
         """Modules the model's rules keep FLOAT (and were not overridden), per reason."""
+        return dict(self._kept_float)
+
+    @functools.cached_property  # warnings, inspect and the render each ask; a plan's decisions are final
+    def _kept_float(self) -> dict[str, int]:
         counts: dict[str, int] = {}
+        facts = self.facts
         for decision in self.decisions.values():
-            if decision.written == FLOAT and decision.reason == self.facts[decision.module].kept_float:
+            if decision.written == FLOAT and decision.reason == facts[decision.module].kept_float:
                 counts[decision.reason] = counts.get(decision.reason, 0) + 1
         return counts
 
     def quantized_mtp_modules(self) -> int:
         """MTP modules written in an MX type (only an --override does that)."""
-        return sum(1 for d in self.decisions.values() if d.written != FLOAT and self.facts[d.module].mtp)
+        return self._quantized_mtp_modules
+
+    @functools.cached_property
+    def _quantized_mtp_modules(self) -> int:
+        facts = self.facts
+        return sum(1 for d in self.decisions.values() if d.written != FLOAT and facts[d.module].mtp)
 
     @property
     def fallbacks(self) -> list[ModuleDecision]:
-        return [d for d in self.decisions.values() if d.is_fallback]
+        return list(self._fallbacks)
+
+    @functools.cached_property
+    def _fallbacks(self) -> list[ModuleDecision]:
+        return [d for d in self.decisions.values() if d.written != d.requested]  # ModuleDecision.is_fallback
 
     @property
     def bytes_out(self) -> int:
-        return sum(t.nbytes for t in self.tensors)
+        return self.figures.bytes_out
 
     @property
     def model_quant_type(self) -> str:
-        present = {t.quant_type for t in self.tensors}
-        return max(present, key=RANK.__getitem__) if present else FLOAT
+        return self.figures.model_quant_type
 
     def type_counts(self) -> dict[str, int]:
         """Source linears per written type (how many modules became what)."""
         counts = dict.fromkeys(QUANT_TYPES, 0)
-        for decision in self.decisions.values():
-            counts[decision.written] += 1
+        for quant_type, count in Counter(d.written for d in self.decisions.values()).items():
+            counts[quant_type] += count
         return counts
 
     def module_groups(self) -> dict[str, dict[str, int]]:
@@ -208,10 +257,7 @@ class Plan:
 
     def tensor_counts(self) -> dict[str, int]:
         """Package tensors per description label."""
-        counts = dict.fromkeys(QUANT_TYPES, 0)
-        for tensor in self.tensors:
-            counts[tensor.quant_type] += 1
-        return counts
+        return dict(self.figures.tensors)
 
     def conversions(self) -> dict[str, str]:
         """MX payload tensor -> 'relaid' or 'requantized'."""
@@ -289,6 +335,17 @@ def source_layout(tensors: dict[str, TensorEntry], linears: dict[str, SourceLine
     return layout
 
 
+@functools.lru_cache(maxsize=1024)  # a full-scale checkpoint has 100,000 linears of a few dozen shapes
+def mx_tensors(written: str, n: int, k: int, native: str | None) -> tuple:
+    """An [N, K] linear written in the MX type `written` (`native`: the type its source bytes are):
+    (payload dtype, payload shape, payload bytes, kind, transform, scale shape, scale bytes)."""
+    quant = QUANT_TYPES[written]
+    shape, scale = quant.weight_shape(n, k), quant.scale_shape(n, k)
+    transform = transform_for(QUANT_TYPES[native].element, quant.element) if native else None
+    kind = OutputKind.MX_WEIGHT if transform is None else OutputKind.MX_RELAID
+    return quant.weight_dtype, shape, shape[0] * shape[1], kind, transform, scale, scale[0] * scale[1]
+
+
 def output_tensors(
     tensors: dict[str, TensorEntry],
     linears: dict[str, SourceLinear],
@@ -300,9 +357,6 @@ def output_tensors(
     tensors the package adds (byte copies of a source tensor under another name)."""
     out: list[OutputTensor] = []
     add = out.append
-    # (written, N, K, native type) -> the MX payload's and scale's dtype, shapes, bytes, kind and
-    # transform: a full-scale checkpoint has 100,000 linears of a few dozen shapes
-    made: dict[tuple, tuple] = {}
     for name, entry, prefix, bias_of in layout if layout is not None else source_layout(tensors, linears):
         if prefix is None:
             if bias_of is not None and decisions[bias_of].written != FLOAT:
@@ -321,16 +375,7 @@ def output_tensors(
                 add(OutputTensor(weight, "BF16", (n, k), FLOAT, OutputKind.RESOLVE, name, 2 * n * k))
             continue
         n, k = linear.shape
-        native = linear.native
-        key = (written, n, k, native)
-        shapes = made.get(key)
-        if shapes is None:
-            quant = QUANT_TYPES[written]
-            shape, scale = quant.weight_shape(n, k), quant.scale_shape(n, k)
-            transform = transform_for(QUANT_TYPES[native].element, quant.element) if native else None
-            kind = OutputKind.MX_WEIGHT if transform is None else OutputKind.MX_RELAID
-            shapes = made[key] = (quant.weight_dtype, shape, shape[0] * shape[1], kind, transform, scale, scale[0] * scale[1])
-        dtype, shape, nbytes, kind, transform, scale, scale_bytes = shapes
+        dtype, shape, nbytes, kind, transform, scale, scale_bytes = mx_tensors(written, n, k, linear.native)
         add(OutputTensor(weight, dtype, shape, written, kind, name, nbytes, transform=transform))
         add(OutputTensor(prefix + ".weight_scale", "U8", scale, written, OutputKind.MX_SCALE, name, scale_bytes))
     for extra in added:
@@ -346,25 +391,37 @@ def assign_shards(tensors: list[OutputTensor], max_shard_size: int) -> tuple[lis
     """
     if max_shard_size == 0:
         return tensors, [ShardPlan(SINGLE_SHARD_NAME, list(tensors))]
-    bins: list[list[OutputTensor]] = [[]]
-    size = 0
+    starts, units = [], []  # each unit's first tensor, and its bytes
     i, count = 0, len(tensors)
     while i < count:
         step = 2 if tensors[i].kind in MX_PAYLOADS else 1  # the weight and its scale
-        unit_size = tensors[i].nbytes + (tensors[i + 1].nbytes if step == 2 else 0)
-        if bins[-1] and size + unit_size > max_shard_size:
-            bins.append([])
-            size = 0
-        bins[-1].extend(tensors[i : i + step])
-        size += unit_size
+        starts.append(i)
+        units.append(tensors[i].nbytes + (tensors[i + 1].nbytes if step == 2 else 0))
         i += step
-    total = len(bins)
+    starts.append(count)
+    cuts = shard_cuts(units, max_shard_size) + [len(units)]
+    total = len(cuts) - 1
     shards = []
-    for number, members in enumerate(bins):
+    for number in range(total):
+        members = tensors[starts[cuts[number]] : starts[cuts[number + 1]]]
         for tensor in members:
             tensor.shard = number
         shards.append(ShardPlan(SHARD_NAME.format(number + 1, total), members))
     return tensors, shards
+
+
+def shard_cuts(units: list[int], max_shard_size: int) -> list[int]:
+    """Where each shard begins, as indices into `units` (the bytes of each unit, in write order):
+    a shard takes units while they fit within the limit, and at least one. [0] when there is
+    nothing to write (one empty shard)."""
+    ends = list(itertools.accumulate(units, initial=0))  # ends[j]: bytes of units[:j]
+    cuts, at = [0], 0
+    while True:
+        # the last unit that still fits: ends nondecreasing, so one search (at least one unit)
+        at = max(at + 1, bisect.bisect_right(ends, ends[at] + max_shard_size) - 1)
+        if at >= len(units):
+            return cuts
+        cuts.append(at)
 
 
 def files_to_copy(names: list[str]) -> tuple[list[str], dict[str, str]]:
@@ -442,17 +499,14 @@ class Planner:
         if max_shard_size < 0:
             raise BadOptionError("--max-shard-size must not be negative")
         decisions = decide_modules(self.linears, scheme, overrides or [], self.facts, self.groups)
-        placed, shards = assign_shards(
-            output_tensors(self.tensors, self.linears, decisions, self.layout, self.added), max_shard_size
-        )
         return Plan(
             scheme=scheme,
             scale_rule=scale_rule,
             resolve_dtype=resolve_dtype,
             max_shard_size=max_shard_size,
             decisions=decisions,
-            tensors=placed,
-            shards=shards,
+            figures=self.figures(decisions, max_shard_size),
+            place=lambda: self.place(decisions, max_shard_size),
             copied_files=list(self.copied_files),
             bytes_in=self.bytes_in,
             skipped_files=dict(self.skipped_files),
@@ -465,6 +519,55 @@ class Planner:
             added=list(self.added),
             heads_left_out=list(self.heads_left_out),
         )
+
+
+    @functools.cached_property
+    def _sizes(self) -> list[tuple]:
+        """Per layout item, what its bytes depend on: (linear prefix, bytes written FLOAT, prefix of
+        the linear whose bias it is, bytes as an MX layer's F32 bias, N, K, native type)."""
+        rows = []
+        for name, entry, prefix, bias_of in self.layout:
+            if prefix is None:
+                rows.append((None, entry.nbytes, bias_of, 4 * entry.numel if bias_of else 0, 0, 0, None))
+                continue
+            linear = self.linears[prefix]
+            n, k = linear.shape
+            rows.append((prefix, entry.nbytes if linear.copied_when_float else 2 * n * k, None, 0, n, k, linear.native))
+        return rows
+
+    @gc_paused()
+    def place(self, decisions: dict[str, ModuleDecision], max_shard_size: int) -> tuple[list[OutputTensor], list[ShardPlan]]:
+        """The package's tensors, in write order, and its shards."""
+        return assign_shards(output_tensors(self.tensors, self.linears, decisions, self.layout, self.added), max_shard_size)
+
+    def figures(self, decisions: dict[str, ModuleDecision], max_shard_size: int) -> PlanFigures:
+        """What `place` makes, counted: tensors per label, bytes and shards, from each layout item's
+        size alone (the branches of output_tensors, a unit per MX payload and its scale)."""
+        counts = dict.fromkeys(QUANT_TYPES, 0)
+        units: list[int] = []
+        add = units.append
+        floats = len(self.added)
+        mx_bytes: dict[tuple, int] = {}  # (written, N, K, native) -> payload and scale bytes
+        for prefix, float_bytes, bias_of, bias_bytes, n, k, native in self._sizes:
+            if prefix is None:
+                floats += 1
+                add(bias_bytes if bias_of is not None and decisions[bias_of].written != FLOAT else float_bytes)
+                continue
+            written = decisions[prefix].written
+            if written == FLOAT:
+                floats += 1
+                add(float_bytes)
+                continue
+            size = mx_bytes.get((written, n, k, native))
+            if size is None:
+                made = mx_tensors(written, n, k, native)
+                size = mx_bytes[(written, n, k, native)] = made[2] + made[6]
+            add(size)
+            counts[written] += 2
+        units += [self.tensors[extra.source].nbytes for extra in self.added]
+        counts[FLOAT] += floats
+        shards = len(shard_cuts(units, max_shard_size)) if max_shard_size else 1
+        return PlanFigures(counts, sum(units), shards)
 
 
 def make_plan(
