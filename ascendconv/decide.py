@@ -11,6 +11,7 @@ from __future__ import annotations
 import fnmatch
 import functools
 import re
+from collections import Counter
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING
@@ -231,20 +232,31 @@ def group_members(facts: dict[str, ModuleFacts]) -> dict[str, list[str]]:
     return groups
 
 
-def decide_modules(
-    linears: dict[str, SourceLinear],
-    scheme: str,
-    overrides: list[Override],
-    facts: dict[str, ModuleFacts] | None = None,
-    groups: dict[str, list[str]] | None = None,
-) -> dict[str, ModuleDecision]:
-    """Every source linear's written type and why. `facts` and `groups` (module_facts, group_members)
-    are computed here unless given: a Planner computes them once for every scheme."""
+@dataclass(slots=True)
+class GroupDecision:
+    """A group's decision: its one written type, and each member's (requested type, reason), kept
+    once per distinct outcome (`keys[i]` is member i's key into `outcomes`)."""
+
+    written: str
+    members: list[str]
+    keys: list
+    outcomes: dict  # key -> (requested, reason)
+
+    def counts(self) -> dict:
+        """Members per outcome key."""
+        if len(self.outcomes) == 1:
+            return dict.fromkeys(self.outcomes, len(self.keys))
+        return Counter(self.keys)
+
+
+def decide_groups(
+    scheme: str, overrides: list[Override], facts: dict[str, ModuleFacts], groups: dict[str, list[str]]
+) -> dict[str, GroupDecision]:
+    """Every group's written type and each member's outcome: what decide_modules spells out per
+    module."""
     if scheme not in SCHEMES:
         raise BadOptionError(f"unknown scheme {scheme!r}", f"choose one of {', '.join(SCHEMES)}")
-    facts = facts if facts is not None else module_facts(linears)
-    groups = groups if groups is not None else group_members(facts)
-    decisions: dict[str, ModuleDecision] = {}
+    decided: dict[str, GroupDecision] = {}
     for group, members in groups.items():
         member_facts = [facts[prefix] for prefix in members]
         # Without overrides, what a linear asks for and fits depends on its facts alone: decided once
@@ -268,7 +280,7 @@ def decide_modules(
             joined = f"one type per MoE layer; {limiting[len(group) - len('experts'):]}"
         else:
             joined = f"packed with {limiting}"
-        reasons = {}  # key -> (requested, reason)
+        outcomes = {}
         for key, ((requested, why), (fit_type, fit_reason)) in asked.items():
             if group_type == requested:
                 reason = why
@@ -278,8 +290,31 @@ def decide_modules(
                 reason = f"{joined}: {limiting_fit[1]}"
             else:
                 reason = f"{joined} was requested as {limiting_want[0]} ({limiting_want[1]})"
-            reasons[key] = requested, reason
-        for prefix, fact, key in zip(members, member_facts, keys):
-            requested, reason = reasons[key]
-            decisions[prefix] = ModuleDecision(prefix, group, fact.shape, requested, group_type, reason)
+            outcomes[key] = requested, reason
+        decided[group] = GroupDecision(group_type, members, keys, outcomes)
+    return decided
+
+
+def module_decisions(decided: dict[str, GroupDecision], facts: dict[str, ModuleFacts]) -> dict[str, ModuleDecision]:
+    """Every member of every group as its ModuleDecision, in group order."""
+    decisions: dict[str, ModuleDecision] = {}
+    for group, decision in decided.items():
+        written, outcomes = decision.written, decision.outcomes
+        for prefix, key in zip(decision.members, decision.keys):
+            requested, reason = outcomes[key]
+            decisions[prefix] = ModuleDecision(prefix, group, facts[prefix].shape, requested, written, reason)
     return decisions
+
+
+def decide_modules(
+    linears: dict[str, SourceLinear],
+    scheme: str,
+    overrides: list[Override],
+    facts: dict[str, ModuleFacts] | None = None,
+    groups: dict[str, list[str]] | None = None,
+) -> dict[str, ModuleDecision]:
+    """Every source linear's written type and why. `facts` and `groups` (module_facts, group_members)
+    are computed here unless given."""
+    facts = facts if facts is not None else module_facts(linears)
+    groups = groups if groups is not None else group_members(facts)
+    return module_decisions(decide_groups(scheme, overrides, facts, groups), facts)

@@ -12,7 +12,6 @@ import bisect
 import fnmatch
 import functools
 import itertools
-from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable
@@ -29,12 +28,14 @@ from ascendconv.ascendv1 import (
 from ascendconv.decide import (
     GENERIC_RULES,
     Deployment,
+    GroupDecision,
     ModuleDecision,
     ModuleFacts,
     Override,
     best_feasible,
-    decide_modules,
+    decide_groups,
     group_members,
+    module_decisions,
     module_facts,
     module_pattern,
 )
@@ -130,7 +131,7 @@ class Plan:
     scale_rule: str
     resolve_dtype: str
     max_shard_size: int
-    decisions: dict[str, ModuleDecision]
+    groups: dict[str, GroupDecision]  # decided together: a MoE layer, a packed set, a linear
     figures: PlanFigures
     place: Callable[[], tuple[list[OutputTensor], list[ShardPlan]]] = field(repr=False, compare=False)
     copied_files: list[str] = field(default_factory=list)
@@ -144,6 +145,11 @@ class Plan:
     # the ones the drafter needs that --no-mtp-heads leaves out
     added: list[AddedTensor] = field(default_factory=list)
     heads_left_out: list[AddedTensor] = field(default_factory=list)
+
+    @functools.cached_property
+    def decisions(self) -> dict[str, ModuleDecision]:
+        """Every source linear's decision, by module prefix."""
+        return module_decisions(self.groups, self.facts)
 
     @functools.cached_property
     def _placed(self) -> tuple[list[OutputTensor], list[ShardPlan]]:
@@ -209,11 +215,19 @@ class Plan:
     @functools.cached_property  # warnings, inspect and the render each ask; a plan's decisions are final
     def _kept_float(self) -> dict[str, int]:
         counts: dict[str, int] = {}
-        facts = self.facts
-        for decision in self.decisions.values():
-            if decision.written == FLOAT and decision.reason == facts[decision.module].kept_float:
-                counts[decision.reason] = counts.get(decision.reason, 0) + 1
+        for group in self.groups.values():
+            if group.written != FLOAT:
+                continue
+            members = None
+            for key, (requested, reason) in group.outcomes.items():
+                if reason == self._outcome_facts(group, key).kept_float:
+                    members = members or group.counts()
+                    counts[reason] = counts.get(reason, 0) + members[key]
         return counts
+
+    def _outcome_facts(self, group: GroupDecision, key) -> ModuleFacts:
+        """The facts of the first member with this outcome (members of an outcome share their facts)."""
+        return self.facts[group.members[group.keys.index(key)]]
 
     def quantized_mtp_modules(self) -> int:
         """MTP modules written in an MX type (only an --override does that)."""
@@ -222,7 +236,9 @@ class Plan:
     @functools.cached_property
     def _quantized_mtp_modules(self) -> int:
         facts = self.facts
-        return sum(1 for d in self.decisions.values() if d.written != FLOAT and facts[d.module].mtp)
+        return sum(
+            sum(1 for prefix in group.members if facts[prefix].mtp) for group in self.groups.values() if group.written != FLOAT
+        )
 
     @property
     def fallbacks(self) -> list[ModuleDecision]:
@@ -230,7 +246,16 @@ class Plan:
 
     @functools.cached_property
     def _fallbacks(self) -> list[ModuleDecision]:
-        return [d for d in self.decisions.values() if d.written != d.requested]  # ModuleDecision.is_fallback
+        fallbacks = []
+        for name, group in self.groups.items():
+            written, outcomes = group.written, group.outcomes
+            if all(requested == written for requested, _ in outcomes.values()):
+                continue  # ModuleDecision.is_fallback: written is not requested
+            for prefix, key in zip(group.members, group.keys):
+                requested, reason = outcomes[key]
+                if requested != written:
+                    fallbacks.append(ModuleDecision(prefix, name, self.facts[prefix].shape, requested, written, reason))
+        return fallbacks
 
     @property
     def bytes_out(self) -> int:
@@ -243,8 +268,8 @@ class Plan:
     def type_counts(self) -> dict[str, int]:
         """Source linears per written type (how many modules became what)."""
         counts = dict.fromkeys(QUANT_TYPES, 0)
-        for quant_type, count in Counter(d.written for d in self.decisions.values()).items():
-            counts[quant_type] += count
+        for group in self.groups.values():
+            counts[group.written] += len(group.members)
         return counts
 
     def module_groups(self) -> dict[str, dict[str, int]]:
@@ -498,15 +523,15 @@ class Planner:
             raise BadOptionError(f"unknown resolve dtype {resolve_dtype!r}", "choose bf16 or fp32")
         if max_shard_size < 0:
             raise BadOptionError("--max-shard-size must not be negative")
-        decisions = decide_modules(self.linears, scheme, overrides or [], self.facts, self.groups)
-        return Plan(
+        groups = decide_groups(scheme, overrides or [], self.facts, self.groups)
+        plan = Plan(
             scheme=scheme,
             scale_rule=scale_rule,
             resolve_dtype=resolve_dtype,
             max_shard_size=max_shard_size,
-            decisions=decisions,
-            figures=self.figures(decisions, max_shard_size),
-            place=lambda: self.place(decisions, max_shard_size),
+            groups=groups,
+            figures=self.figures(groups, max_shard_size),
+            place=lambda: self.place(plan.decisions, max_shard_size),
             copied_files=list(self.copied_files),
             bytes_in=self.bytes_in,
             skipped_files=dict(self.skipped_files),
@@ -519,53 +544,62 @@ class Planner:
             added=list(self.added),
             heads_left_out=list(self.heads_left_out),
         )
+        return plan
 
 
     @functools.cached_property
-    def _sizes(self) -> list[tuple]:
-        """Per layout item, what its bytes depend on: (linear prefix, bytes written FLOAT, prefix of
-        the linear whose bias it is, bytes as an MX layer's F32 bias, N, K, native type)."""
-        rows = []
+    def _sizes(self) -> tuple[list, list, dict]:
+        """What each layout item's bytes depend on, for `figures`: (the group whose type decides them
+        (None: none does), the item's size class, class -> {written type -> bytes})."""
+        sizes: dict[tuple, dict[str, int]] = {}
+        item_groups, item_classes = [], []
         for name, entry, prefix, bias_of in self.layout:
             if prefix is None:
-                rows.append((None, entry.nbytes, bias_of, 4 * entry.numel if bias_of else 0, 0, 0, None))
+                if bias_of is None:
+                    item_groups.append(None)
+                    key = ("copy", entry.nbytes)
+                    if key not in sizes:
+                        sizes[key] = dict.fromkeys(QUANT_TYPES, entry.nbytes)
+                else:  # an MX layer's bias is written F32
+                    item_groups.append(self.facts[bias_of].group)
+                    key = ("bias", entry.nbytes, entry.numel)
+                    if key not in sizes:
+                        sizes[key] = dict.fromkeys(QUANT_TYPES, 4 * entry.numel) | {FLOAT: entry.nbytes}
+                item_classes.append(key)
                 continue
             linear = self.linears[prefix]
             n, k = linear.shape
-            rows.append((prefix, entry.nbytes if linear.copied_when_float else 2 * n * k, None, 0, n, k, linear.native))
-        return rows
+            key = ("linear", n, k, linear.native, entry.nbytes if linear.copied_when_float else 2 * n * k)
+            if key not in sizes:
+                sizes[key] = {FLOAT: key[4]}
+                for quant_type in QUANT_TYPES:
+                    if quant_type != FLOAT:
+                        made = mx_tensors(quant_type, n, k, linear.native)
+                        sizes[key][quant_type] = made[2] + made[6]
+            item_groups.append(self.facts[prefix].group)
+            item_classes.append(key)
+        return item_groups, item_classes, sizes
 
     @gc_paused()
     def place(self, decisions: dict[str, ModuleDecision], max_shard_size: int) -> tuple[list[OutputTensor], list[ShardPlan]]:
         """The package's tensors, in write order, and its shards."""
         return assign_shards(output_tensors(self.tensors, self.linears, decisions, self.layout, self.added), max_shard_size)
 
-    def figures(self, decisions: dict[str, ModuleDecision], max_shard_size: int) -> PlanFigures:
+    def figures(self, groups: dict[str, GroupDecision], max_shard_size: int) -> PlanFigures:
         """What `place` makes, counted: tensors per label, bytes and shards, from each layout item's
-        size alone (the branches of output_tensors, a unit per MX payload and its scale)."""
-        counts = dict.fromkeys(QUANT_TYPES, 0)
-        units: list[int] = []
-        add = units.append
-        floats = len(self.added)
-        mx_bytes: dict[tuple, int] = {}  # (written, N, K, native) -> payload and scale bytes
-        for prefix, float_bytes, bias_of, bias_bytes, n, k, native in self._sizes:
-            if prefix is None:
-                floats += 1
-                add(bias_bytes if bias_of is not None and decisions[bias_of].written != FLOAT else float_bytes)
-                continue
-            written = decisions[prefix].written
-            if written == FLOAT:
-                floats += 1
-                add(float_bytes)
-                continue
-            size = mx_bytes.get((written, n, k, native))
-            if size is None:
-                made = mx_tensors(written, n, k, native)
-                size = mx_bytes[(written, n, k, native)] = made[2] + made[6]
-            add(size)
-            counts[written] += 2
+        size under its group's type (the branches of output_tensors, a unit per MX payload and its
+        scale), looked up at C speed."""
+        item_groups, item_classes, sizes = self._sizes
+        written = {name: group.written for name, group in groups.items()}
+        written[None] = FLOAT
+        types = list(map(written.__getitem__, item_groups))
+        units = list(map(dict.__getitem__, map(sizes.__getitem__, item_classes), types))
         units += [self.tensors[extra.source].nbytes for extra in self.added]
-        counts[FLOAT] += floats
+        counts = dict.fromkeys(QUANT_TYPES, 0)
+        for group in groups.values():
+            if group.written != FLOAT:
+                counts[group.written] += 2 * len(group.members)  # each MX linear: payload and scale
+        counts[FLOAT] = len(units) - sum(counts.values()) // 2
         shards = len(shard_cuts(units, max_shard_size)) if max_shard_size else 1
         return PlanFigures(counts, sum(units), shards)
 

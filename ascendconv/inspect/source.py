@@ -3,7 +3,6 @@ under each scheme (the pure planner run once per scheme) and what vllm-ascend wo
 
 from __future__ import annotations
 
-import operator
 from collections import Counter
 from pathlib import Path
 
@@ -28,8 +27,6 @@ from ascendconv.decide import SCHEMES, Deployment, ModuleFacts, group_members, m
 from ascendconv.plan import Plan, Planner
 
 MX_SOURCE_LABELS = {Encoding.MX_E2M1: "MXFP4", Encoding.MX_E4M3: "MXFP8"}
-# a decision's fields, read by map() at C speed (100,000 decisions, every scheme)
-WRITTEN, GROUP = operator.attrgetter("written"), operator.attrgetter("group")
 
 
 def inspect_source(root: Path, glob: str | None, deployment: Deployment) -> InspectReport:
@@ -51,7 +48,9 @@ def inspect_source(root: Path, glob: str | None, deployment: Deployment) -> Insp
         shared = shared_experts(planner.facts, planner.rules)
         for scheme in SCHEMES:
             plan = planner.plan(scheme)
-            written[scheme] = dict(zip(plan.decisions, map(WRITTEN, plan.decisions.values())))
+            written[scheme] = {}
+            for group in plan.groups.values():
+                written[scheme].update(dict.fromkeys(group.members, group.written))
             estimates[scheme] = SchemeEstimate(
                 scheme=scheme,
                 model_quant_type=plan.model_quant_type,
@@ -111,13 +110,14 @@ def runtime_notes(plan: Plan, shared: dict[str, str] | None = None) -> list[str]
     """What vllm-ascend will run with the package this plan writes, in short sentences (`shared`:
     shared_experts(plan.facts, plan.rules), when known)."""
     notes = []
-    decisions = plan.decisions.values()
-    by_group: dict[str, str] = dict(zip(map(GROUP, decisions), map(WRITTEN, decisions)))
+    by_group: dict[str, str] = {name: group.written for name, group in plan.groups.items()}
     moe = Counter(t for g, t in by_group.items() if g.endswith(".experts"))
     if moe:
         types = ", ".join(f"{n} {t}" for t, n in sorted(moe.items(), key=lambda kv: -RANK[kv[0]]))
         notes.append(f"MoE layers: {types} (FLOAT experts run the unquantized fused MoE)")
-    written = Counter(map(WRITTEN, decisions))
+    written: Counter = Counter()
+    for group in plan.groups.values():
+        written[group.written] += len(group.members)
     for quant_type in sorted(written, key=lambda t: -RANK[t]):
         if quant_type != FLOAT:
             notes.append(f"{quant_type} ({written[quant_type]} modules): {QUANT_TYPES[quant_type].runtime}")
@@ -174,5 +174,5 @@ def shared_experts(facts: dict[str, ModuleFacts], rules: ModelRules) -> dict[str
 def _shared_vs_routed(plan: Plan, by_group: dict[str, str], shared_layers: dict[str, str]) -> int:
     """MoE layers whose shared expert is written in another type than their routed experts."""
     routed = {group[: -len(".experts")]: t for group, t in by_group.items() if group.endswith(".experts")}
-    shared = {layer: plan.decisions[module].written for module, layer in shared_layers.items()}
+    shared = {layer: plan.groups[plan.facts[module].group].written for module, layer in shared_layers.items()}
     return sum(1 for layer, t in shared.items() if layer in routed and routed[layer] != t)
