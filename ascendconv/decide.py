@@ -11,6 +11,7 @@ from __future__ import annotations
 import fnmatch
 import functools
 import re
+from collections import Counter
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING
@@ -194,25 +195,33 @@ class ModuleFacts:
     mtp: bool  # in a multi-token-prediction layer
     k: int | None  # K as one rank sees it (None: K does not split over the ranks)
     k_label: str  # how to say K in a reason
+    shape: tuple[int, int] = (0, 0)  # [N, K] of the linear's values (SourceLinear.shape)
     native: str | None = None  # the type an MX source linear already is (sources/base.py)
 
 
 def module_facts(
     linears: dict[str, SourceLinear], rules: ModelRules = GENERIC_RULES, deployment: Deployment = Deployment()
 ) -> dict[str, ModuleFacts]:
+    """Each source linear's facts. Equal facts are one object (the experts of a MoE layer share a few),
+    so that decide_modules decides each distinct one once."""
     facts = {}
+    interned: dict[tuple, ModuleFacts] = {}
     for prefix, linear in linears.items():
         expert = rules.routed_expert(prefix)
         routed = expert is not None
-        group = expert["layer"] + ".experts" if routed else rules.packed_group(prefix)
+        group = expert["layer"] + ".experts" if routed else rules.fused_group(prefix)
         if deployment.shared_experts_as_routed and not routed:
             shared_in = rules.shared_expert_layer(prefix)
             if shared_in is not None:  # loaded into the routed experts' tensor: one of them
                 routed, group = True, shared_in + ".experts"
-        k, k_label = rank_k(prefix, linear.shape[1], routed, deployment, rules)
-        facts[prefix] = ModuleFacts(
-            group, routed, rules.default_float(prefix), rules.is_mtp(prefix), k, k_label, linear.native
-        )
+        shape = linear.shape
+        k, k_label = rank_k(prefix, shape[1], routed, deployment, rules)
+        mtp = rules.is_mtp(prefix)
+        key = (group, routed, rules.default_float(prefix, mtp), mtp, k, k_label, shape, linear.native)
+        fact = interned.get(key)
+        if fact is None:
+            fact = interned[key] = ModuleFacts(*key)
+        facts[prefix] = fact
     return facts
 
 
@@ -223,40 +232,56 @@ def group_members(facts: dict[str, ModuleFacts]) -> dict[str, list[str]]:
     return groups
 
 
-def decide_modules(
-    linears: dict[str, SourceLinear],
-    scheme: str,
-    overrides: list[Override],
-    facts: dict[str, ModuleFacts] | None = None,
-    groups: dict[str, list[str]] | None = None,
-) -> dict[str, ModuleDecision]:
-    """Every source linear's written type and why. `facts` and `groups` (module_facts, group_members)
-    are computed here unless given: a Planner computes them once for every scheme."""
+@dataclass(slots=True)
+class GroupDecision:
+    """A group's decision: its one written type, and each member's (requested type, reason), kept
+    once per distinct outcome (`keys[i]` is member i's key into `outcomes`)."""
+
+    written: str
+    members: list[str]
+    keys: list
+    outcomes: dict  # key -> (requested, reason)
+
+    def counts(self) -> dict:
+        """Members per outcome key."""
+        if len(self.outcomes) == 1:
+            return dict.fromkeys(self.outcomes, len(self.keys))
+        return Counter(self.keys)
+
+
+def decide_groups(
+    scheme: str, overrides: list[Override], facts: dict[str, ModuleFacts], groups: dict[str, list[str]]
+) -> dict[str, GroupDecision]:
+    """Every group's written type and each member's outcome: what decide_modules spells out per
+    module."""
     if scheme not in SCHEMES:
         raise BadOptionError(f"unknown scheme {scheme!r}", f"choose one of {', '.join(SCHEMES)}")
-    facts = facts if facts is not None else module_facts(linears)
-    groups = groups if groups is not None else group_members(facts)
-    decisions: dict[str, ModuleDecision] = {}
+    decided: dict[str, GroupDecision] = {}
     for group, members in groups.items():
-        wants, fits = [], []
-        for prefix in members:
-            fact = facts[prefix]
-            want = requested_type(prefix, scheme, overrides, fact.kept_float, fact.routed, fact.native)
-            wants.append(want)
-            fits.append(best_feasible(want[0], fact.k, fact.routed, fact.k_label))
-        lowest = min((fit[0] for fit in fits), key=RANK.__getitem__)
-        group_type = common_type(lowest, [(facts[p].k, facts[p].routed, facts[p].k_label) for p in members])
-        at = next((i for i, fit in enumerate(fits) if fit[0] == group_type), None)
+        member_facts = [facts[prefix] for prefix in members]
+        # Without overrides, what a linear asks for and fits depends on its facts alone: decided once
+        # per distinct facts object (module_facts shares equal ones), not once per expert
+        keys = [id(fact) for fact in member_facts] if not overrides else members
+        asked: dict[object, tuple[tuple[str, str], tuple[str, str | None]]] = {}  # key -> (want, fit)
+        for prefix, fact, key in zip(members, member_facts, keys):
+            if key not in asked:
+                want = requested_type(prefix, scheme, overrides, fact.kept_float, fact.routed, fact.native)
+                asked[key] = want, best_feasible(want[0], fact.k, fact.routed, fact.k_label)
+        lowest = min((fit[0] for _, fit in asked.values()), key=RANK.__getitem__)
+        group_type = common_type(lowest, list(dict.fromkeys((f.k, f.routed, f.k_label) for f in member_facts)))
+        at = next((i for i, key in enumerate(keys) if asked[key][1][0] == group_type), None)
         if at is None:  # no member fits the group's type on its own: the one that set `lowest` led there
-            at = next(i for i, fit in enumerate(fits) if fit[0] == lowest)
-        limiting, limiting_fit, limiting_want = members[at], fits[at], wants[at]
+            at = next(i for i, key in enumerate(keys) if asked[key][1][0] == lowest)
+        limiting = members[at]
+        limiting_want, limiting_fit = asked[keys[at]]
         # vllm-ascend reads a MoE layer's type from its first expert and a fused module's from one
         # member: the whole group takes the lowest type any member needs
         if group.endswith(".experts"):
             joined = f"one type per MoE layer; {limiting[len(group) - len('experts'):]}"
         else:
             joined = f"packed with {limiting}"
-        for prefix, (requested, why), (fit_type, fit_reason) in zip(members, wants, fits):
+        outcomes = {}
+        for key, ((requested, why), (fit_type, fit_reason)) in asked.items():
             if group_type == requested:
                 reason = why
             elif fit_type == group_type and fit_reason:
@@ -265,5 +290,31 @@ def decide_modules(
                 reason = f"{joined}: {limiting_fit[1]}"
             else:
                 reason = f"{joined} was requested as {limiting_want[0]} ({limiting_want[1]})"
-            decisions[prefix] = ModuleDecision(prefix, group, linears[prefix].shape, requested, group_type, reason)
+            outcomes[key] = requested, reason
+        decided[group] = GroupDecision(group_type, members, keys, outcomes)
+    return decided
+
+
+def module_decisions(decided: dict[str, GroupDecision], facts: dict[str, ModuleFacts]) -> dict[str, ModuleDecision]:
+    """Every member of every group as its ModuleDecision, in group order."""
+    decisions: dict[str, ModuleDecision] = {}
+    for group, decision in decided.items():
+        written, outcomes = decision.written, decision.outcomes
+        for prefix, key in zip(decision.members, decision.keys):
+            requested, reason = outcomes[key]
+            decisions[prefix] = ModuleDecision(prefix, group, facts[prefix].shape, requested, written, reason)
     return decisions
+
+
+def decide_modules(
+    linears: dict[str, SourceLinear],
+    scheme: str,
+    overrides: list[Override],
+    facts: dict[str, ModuleFacts] | None = None,
+    groups: dict[str, list[str]] | None = None,
+) -> dict[str, ModuleDecision]:
+    """Every source linear's written type and why. `facts` and `groups` (module_facts, group_members)
+    are computed here unless given."""
+    facts = facts if facts is not None else module_facts(linears)
+    groups = groups if groups is not None else group_members(facts)
+    return module_decisions(decide_groups(scheme, overrides, facts, groups), facts)

@@ -167,6 +167,10 @@ class ModelRules:
         routed = self._routed.match(prefix)
         if routed:
             return routed["layer"] + ".experts"
+        return self.fused_group(prefix)
+
+    def fused_group(self, prefix: str) -> str:
+        """The packed set a module that is no routed expert belongs to ('....qkv_proj'), or itself."""
         base, _, last = prefix.rpartition(".")
         fused = self._packed.get(last)
         return f"{base}.{fused}" if fused else prefix
@@ -189,9 +193,9 @@ class ModelRules:
                 return role
         return None
 
-    def default_float(self, prefix: str) -> str | None:
-        """Why the module stays FLOAT unless overridden, or None."""
-        if self.is_mtp(prefix):
+    def default_float(self, prefix: str, mtp: bool | None = None) -> str | None:
+        """Why the module stays FLOAT unless overridden, or None (`mtp`: is_mtp(prefix), if known)."""
+        if self.is_mtp(prefix) if mtp is None else mtp:
             return MTP_REASON
         if self.family.float_roots and prefix.startswith(self.family.float_roots):
             return VISION_REASON

@@ -8,9 +8,13 @@ shards and small files.
 
 from __future__ import annotations
 
+import bisect
 import fnmatch
+import functools
+import itertools
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Callable
 
 from ascendconv.ascendv1 import (
     DEFAULT_MAX_SHARD_SIZE,
@@ -24,12 +28,14 @@ from ascendconv.ascendv1 import (
 from ascendconv.decide import (
     GENERIC_RULES,
     Deployment,
+    GroupDecision,
     ModuleDecision,
     ModuleFacts,
     Override,
     best_feasible,
-    decide_modules,
+    decide_groups,
     group_members,
+    module_decisions,
     module_facts,
     module_pattern,
 )
@@ -101,17 +107,35 @@ class ShardPlan:
         return sum(t.nbytes for t in self.tensors)
 
 
+@dataclass(frozen=True)
+class PlanFigures:
+    """What a plan's tensors add up to, counted without making them (Planner.figures): inspect
+    estimates every scheme of a full-scale checkpoint from these."""
+
+    tensors: dict[str, int]  # package tensors per description label (every label, zeros included)
+    bytes_out: int
+    shards: int
+
+    @property
+    def model_quant_type(self) -> str:
+        present = [quant_type for quant_type, count in self.tensors.items() if count]
+        return max(present, key=RANK.__getitem__) if present else FLOAT
+
+
 @dataclass
 class Plan:
+    """One scheme's plan. Its tensors and shards are made on first use (`place`): a dry run and
+    convert use them, inspect only the decisions and the figures."""
+
     scheme: str
     scale_rule: str
     resolve_dtype: str
     max_shard_size: int
-    decisions: dict[str, ModuleDecision]
-    tensors: list[OutputTensor]
-    shards: list[ShardPlan]
-    copied_files: list[str]
-    bytes_in: int
+    groups: dict[str, GroupDecision]  # decided together: a MoE layer, a packed set, a linear
+    figures: PlanFigures
+    place: Callable[[], tuple[list[OutputTensor], list[ShardPlan]]] = field(repr=False, compare=False)
+    copied_files: list[str] = field(default_factory=list)
+    bytes_in: int = 0
     skipped_files: dict[str, str] = field(default_factory=dict)  # source file -> why it is not copied
     rules: ModelRules = GENERIC_RULES
     deployment: Deployment = Deployment()
@@ -121,6 +145,24 @@ class Plan:
     # the ones the drafter needs that --no-mtp-heads leaves out
     added: list[AddedTensor] = field(default_factory=list)
     heads_left_out: list[AddedTensor] = field(default_factory=list)
+
+    @functools.cached_property
+    def decisions(self) -> dict[str, ModuleDecision]:
+        """Every source linear's decision, by module prefix."""
+        return module_decisions(self.groups, self.facts)
+
+    @functools.cached_property
+    def _placed(self) -> tuple[list[OutputTensor], list[ShardPlan]]:
+        return self.place()
+
+    @property
+    def tensors(self) -> list[OutputTensor]:
+        """Every package tensor, in write order."""
+        return self._placed[0]
+
+    @property
+    def shards(self) -> list[ShardPlan]:
+        return self._placed[1]
 
     @property
     def warnings(self) -> list[str]:
@@ -168,34 +210,66 @@ class Plan:
 
     def kept_float(self) -> dict[str, int]:
         """Modules the model's rules keep FLOAT (and were not overridden), per reason."""
+        return dict(self._kept_float)
+
+    @functools.cached_property  # warnings, inspect and the render each ask; a plan's decisions are final
+    def _kept_float(self) -> dict[str, int]:
         counts: dict[str, int] = {}
-        for decision in self.decisions.values():
-            if decision.written == FLOAT and decision.reason == self.facts[decision.module].kept_float:
-                counts[decision.reason] = counts.get(decision.reason, 0) + 1
+        for group in self.groups.values():
+            if group.written != FLOAT:
+                continue
+            members = None
+            for key, (requested, reason) in group.outcomes.items():
+                if reason == self._outcome_facts(group, key).kept_float:
+                    members = members or group.counts()
+                    counts[reason] = counts.get(reason, 0) + members[key]
         return counts
+
+    def _outcome_facts(self, group: GroupDecision, key) -> ModuleFacts:
+        """The facts of the first member with this outcome (members of an outcome share their facts)."""
+        return self.facts[group.members[group.keys.index(key)]]
 
     def quantized_mtp_modules(self) -> int:
         """MTP modules written in an MX type (only an --override does that)."""
-        return sum(1 for d in self.decisions.values() if d.written != FLOAT and self.facts[d.module].mtp)
+        return self._quantized_mtp_modules
+
+    @functools.cached_property
+    def _quantized_mtp_modules(self) -> int:
+        facts = self.facts
+        return sum(
+            sum(1 for prefix in group.members if facts[prefix].mtp) for group in self.groups.values() if group.written != FLOAT
+        )
 
     @property
     def fallbacks(self) -> list[ModuleDecision]:
-        return [d for d in self.decisions.values() if d.is_fallback]
+        return list(self._fallbacks)
+
+    @functools.cached_property
+    def _fallbacks(self) -> list[ModuleDecision]:
+        fallbacks = []
+        for name, group in self.groups.items():
+            written, outcomes = group.written, group.outcomes
+            if all(requested == written for requested, _ in outcomes.values()):
+                continue  # ModuleDecision.is_fallback: written is not requested
+            for prefix, key in zip(group.members, group.keys):
+                requested, reason = outcomes[key]
+                if requested != written:
+                    fallbacks.append(ModuleDecision(prefix, name, self.facts[prefix].shape, requested, written, reason))
+        return fallbacks
 
     @property
     def bytes_out(self) -> int:
-        return sum(t.nbytes for t in self.tensors)
+        return self.figures.bytes_out
 
     @property
     def model_quant_type(self) -> str:
-        present = {t.quant_type for t in self.tensors}
-        return max(present, key=RANK.__getitem__) if present else FLOAT
+        return self.figures.model_quant_type
 
     def type_counts(self) -> dict[str, int]:
         """Source linears per written type (how many modules became what)."""
         counts = dict.fromkeys(QUANT_TYPES, 0)
-        for decision in self.decisions.values():
-            counts[decision.written] += 1
+        for group in self.groups.values():
+            counts[group.written] += len(group.members)
         return counts
 
     def module_groups(self) -> dict[str, dict[str, int]]:
@@ -208,10 +282,7 @@ class Plan:
 
     def tensor_counts(self) -> dict[str, int]:
         """Package tensors per description label."""
-        counts = dict.fromkeys(QUANT_TYPES, 0)
-        for tensor in self.tensors:
-            counts[tensor.quant_type] += 1
-        return counts
+        return dict(self.figures.tensors)
 
     def conversions(self) -> dict[str, str]:
         """MX payload tensor -> 'relaid' or 'requantized'."""
@@ -289,6 +360,17 @@ def source_layout(tensors: dict[str, TensorEntry], linears: dict[str, SourceLine
     return layout
 
 
+@functools.lru_cache(maxsize=1024)  # a full-scale checkpoint has 100,000 linears of a few dozen shapes
+def mx_tensors(written: str, n: int, k: int, native: str | None) -> tuple:
+    """An [N, K] linear written in the MX type `written` (`native`: the type its source bytes are):
+    (payload dtype, payload shape, payload bytes, kind, transform, scale shape, scale bytes)."""
+    quant = QUANT_TYPES[written]
+    shape, scale = quant.weight_shape(n, k), quant.scale_shape(n, k)
+    transform = transform_for(QUANT_TYPES[native].element, quant.element) if native else None
+    kind = OutputKind.MX_WEIGHT if transform is None else OutputKind.MX_RELAID
+    return quant.weight_dtype, shape, shape[0] * shape[1], kind, transform, scale, scale[0] * scale[1]
+
+
 def output_tensors(
     tensors: dict[str, TensorEntry],
     linears: dict[str, SourceLinear],
@@ -298,7 +380,6 @@ def output_tensors(
 ) -> list[OutputTensor]:
     """Every package tensor, in source order so that reading the source stays sequential, then the
     tensors the package adds (byte copies of a source tensor under another name)."""
-    copied = {prefix: linear.copied_when_float for prefix, linear in linears.items()}
     out: list[OutputTensor] = []
     add = out.append
     for name, entry, prefix, bias_of in layout if layout is not None else source_layout(tensors, linears):
@@ -310,22 +391,18 @@ def output_tensors(
             continue
         written = decisions[prefix].written
         linear = linears[prefix]
-        n, k = linear.shape
         weight = prefix + ".weight"  # the source may name it otherwise (compressed-tensors: weight_packed)
-        if written == FLOAT and copied.get(prefix):
-            add(OutputTensor(weight, entry.dtype, entry.shape, FLOAT, OutputKind.COPY, name, entry.nbytes))
-            continue
         if written == FLOAT:
-            add(OutputTensor(weight, "BF16", (n, k), FLOAT, OutputKind.RESOLVE, name, 2 * n * k))
+            if linear.copied_when_float:
+                add(OutputTensor(weight, entry.dtype, entry.shape, FLOAT, OutputKind.COPY, name, entry.nbytes))
+            else:
+                n, k = linear.shape
+                add(OutputTensor(weight, "BF16", (n, k), FLOAT, OutputKind.RESOLVE, name, 2 * n * k))
             continue
-        quant = QUANT_TYPES[written]
-        shape = quant.weight_shape(n, k)
-        native = QUANT_TYPES[linear.native].element if linear.native else None
-        transform = transform_for(native, quant.element) if native else None
-        kind = OutputKind.MX_WEIGHT if transform is None else OutputKind.MX_RELAID
-        add(OutputTensor(weight, quant.weight_dtype, shape, written, kind, name, shape[0] * shape[1], transform=transform))
-        scale = quant.scale_shape(n, k)
-        add(OutputTensor(prefix + ".weight_scale", "U8", scale, written, OutputKind.MX_SCALE, name, scale[0] * scale[1]))
+        n, k = linear.shape
+        dtype, shape, nbytes, kind, transform, scale, scale_bytes = mx_tensors(written, n, k, linear.native)
+        add(OutputTensor(weight, dtype, shape, written, kind, name, nbytes, transform=transform))
+        add(OutputTensor(prefix + ".weight_scale", "U8", scale, written, OutputKind.MX_SCALE, name, scale_bytes))
     for extra in added:
         entry = tensors[extra.source]
         add(OutputTensor(extra.name, entry.dtype, entry.shape, FLOAT, OutputKind.COPY, extra.source, entry.nbytes))
@@ -339,25 +416,37 @@ def assign_shards(tensors: list[OutputTensor], max_shard_size: int) -> tuple[lis
     """
     if max_shard_size == 0:
         return tensors, [ShardPlan(SINGLE_SHARD_NAME, list(tensors))]
-    bins: list[list[OutputTensor]] = [[]]
-    size = 0
+    starts, units = [], []  # each unit's first tensor, and its bytes
     i, count = 0, len(tensors)
     while i < count:
         step = 2 if tensors[i].kind in MX_PAYLOADS else 1  # the weight and its scale
-        unit_size = tensors[i].nbytes + (tensors[i + 1].nbytes if step == 2 else 0)
-        if bins[-1] and size + unit_size > max_shard_size:
-            bins.append([])
-            size = 0
-        bins[-1].extend(tensors[i : i + step])
-        size += unit_size
+        starts.append(i)
+        units.append(tensors[i].nbytes + (tensors[i + 1].nbytes if step == 2 else 0))
         i += step
-    total = len(bins)
+    starts.append(count)
+    cuts = shard_cuts(units, max_shard_size) + [len(units)]
+    total = len(cuts) - 1
     shards = []
-    for number, members in enumerate(bins):
+    for number in range(total):
+        members = tensors[starts[cuts[number]] : starts[cuts[number + 1]]]
         for tensor in members:
             tensor.shard = number
         shards.append(ShardPlan(SHARD_NAME.format(number + 1, total), members))
     return tensors, shards
+
+
+def shard_cuts(units: list[int], max_shard_size: int) -> list[int]:
+    """Where each shard begins, as indices into `units` (the bytes of each unit, in write order):
+    a shard takes units while they fit within the limit, and at least one. [0] when there is
+    nothing to write (one empty shard)."""
+    ends = list(itertools.accumulate(units, initial=0))  # ends[j]: bytes of units[:j]
+    cuts, at = [0], 0
+    while True:
+        # the last unit that still fits: ends nondecreasing, so one search (at least one unit)
+        at = max(at + 1, bisect.bisect_right(ends, ends[at] + max_shard_size) - 1)
+        if at >= len(units):
+            return cuts
+        cuts.append(at)
 
 
 def files_to_copy(names: list[str]) -> tuple[list[str], dict[str, str]]:
@@ -434,18 +523,15 @@ class Planner:
             raise BadOptionError(f"unknown resolve dtype {resolve_dtype!r}", "choose bf16 or fp32")
         if max_shard_size < 0:
             raise BadOptionError("--max-shard-size must not be negative")
-        decisions = decide_modules(self.linears, scheme, overrides or [], self.facts, self.groups)
-        placed, shards = assign_shards(
-            output_tensors(self.tensors, self.linears, decisions, self.layout, self.added), max_shard_size
-        )
-        return Plan(
+        groups = decide_groups(scheme, overrides or [], self.facts, self.groups)
+        plan = Plan(
             scheme=scheme,
             scale_rule=scale_rule,
             resolve_dtype=resolve_dtype,
             max_shard_size=max_shard_size,
-            decisions=decisions,
-            tensors=placed,
-            shards=shards,
+            groups=groups,
+            figures=self.figures(groups, max_shard_size),
+            place=lambda: self.place(plan.decisions, max_shard_size),
             copied_files=list(self.copied_files),
             bytes_in=self.bytes_in,
             skipped_files=dict(self.skipped_files),
@@ -458,6 +544,64 @@ class Planner:
             added=list(self.added),
             heads_left_out=list(self.heads_left_out),
         )
+        return plan
+
+
+    @functools.cached_property
+    def _sizes(self) -> tuple[list, list, dict]:
+        """What each layout item's bytes depend on, for `figures`: (the group whose type decides them
+        (None: none does), the item's size class, class -> {written type -> bytes})."""
+        sizes: dict[tuple, dict[str, int]] = {}
+        item_groups, item_classes = [], []
+        for name, entry, prefix, bias_of in self.layout:
+            if prefix is None:
+                if bias_of is None:
+                    item_groups.append(None)
+                    key = ("copy", entry.nbytes)
+                    if key not in sizes:
+                        sizes[key] = dict.fromkeys(QUANT_TYPES, entry.nbytes)
+                else:  # an MX layer's bias is written F32
+                    item_groups.append(self.facts[bias_of].group)
+                    key = ("bias", entry.nbytes, entry.numel)
+                    if key not in sizes:
+                        sizes[key] = dict.fromkeys(QUANT_TYPES, 4 * entry.numel) | {FLOAT: entry.nbytes}
+                item_classes.append(key)
+                continue
+            linear = self.linears[prefix]
+            n, k = linear.shape
+            key = ("linear", n, k, linear.native, entry.nbytes if linear.copied_when_float else 2 * n * k)
+            if key not in sizes:
+                sizes[key] = {FLOAT: key[4]}
+                for quant_type in QUANT_TYPES:
+                    if quant_type != FLOAT:
+                        made = mx_tensors(quant_type, n, k, linear.native)
+                        sizes[key][quant_type] = made[2] + made[6]
+            item_groups.append(self.facts[prefix].group)
+            item_classes.append(key)
+        return item_groups, item_classes, sizes
+
+    @gc_paused()
+    def place(self, decisions: dict[str, ModuleDecision], max_shard_size: int) -> tuple[list[OutputTensor], list[ShardPlan]]:
+        """The package's tensors, in write order, and its shards."""
+        return assign_shards(output_tensors(self.tensors, self.linears, decisions, self.layout, self.added), max_shard_size)
+
+    def figures(self, groups: dict[str, GroupDecision], max_shard_size: int) -> PlanFigures:
+        """What `place` makes, counted: tensors per label, bytes and shards, from each layout item's
+        size under its group's type (the branches of output_tensors, a unit per MX payload and its
+        scale), looked up at C speed."""
+        item_groups, item_classes, sizes = self._sizes
+        written = {name: group.written for name, group in groups.items()}
+        written[None] = FLOAT
+        types = list(map(written.__getitem__, item_groups))
+        units = list(map(dict.__getitem__, map(sizes.__getitem__, item_classes), types))
+        units += [self.tensors[extra.source].nbytes for extra in self.added]
+        counts = dict.fromkeys(QUANT_TYPES, 0)
+        for group in groups.values():
+            if group.written != FLOAT:
+                counts[group.written] += 2 * len(group.members)  # each MX linear: payload and scale
+        counts[FLOAT] = len(units) - sum(counts.values()) // 2
+        shards = len(shard_cuts(units, max_shard_size)) if max_shard_size else 1
+        return PlanFigures(counts, sum(units), shards)
 
 
 def make_plan(

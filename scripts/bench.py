@@ -49,6 +49,10 @@
    fixture, w4a8-mxfp-moe, then verify --source --moe-check of the package) with an empty
    NUMBA_CACHE_DIR, --reps times (median), then again with the cache it filled; the difference is
    the kernels' one-time compilation.
+   `--only startup` instead times only the start-up of the largest model families (issue 20):
+   `inspect` and `convert --dry-run --scheme w4a8-mxfp-moe` of the header-only full-scale copies
+   that tests/fullscale.py writes (built once under --cache/fullscale-v1/; a few MB each), --reps
+   times in rotating order, against 2 s each.
 5. Prints one table (command, median wall seconds, median CPU seconds (user + system: on a shared
    machine they move less than wall seconds), MB/s, ratio to its baseline, peak RSS), then every
    target of issue 8 with PASS/FAIL, and exits 1 when one is missed. --json writes it all.
@@ -113,6 +117,11 @@ pipeline.tensor_hasher = NoHash
 from ascendconv.cli import app
 app()
 """
+# The largest families of tests/fullscale.py, by its FAMILIES keys; their start-up is gated at 2 s
+STARTUP_FAMILIES = (
+    "qwen3.5-397b-a17b", "glm-5.1", "deepseek-v4-flash-base", "deepseek-v3", "kimi-k2", "qwen3-coder-480b", "minimax-m3",
+)
+TARGET_FULLSCALE_START_S = 2.0
 MX_LABEL = "convert native (MX re-layout)"
 TARGET_MX_RATIO = 1.0  # a pure re-layout: at most `cp -r` + sync of the same source
 
@@ -284,6 +293,64 @@ def mx_only(args) -> None:
     if args.json:
         args.json.write_text(json.dumps({"results": [row], "checks": dict(checks)}, indent=2) + "\n")
     sys.exit(0 if all(ok for _, ok in checks) else 1)
+
+
+def fullscale_startup(args) -> None:
+    """`--only startup`: inspect and convert --dry-run of each of STARTUP_FAMILIES, --reps times."""
+    sys.path.insert(0, str(REPO / "tests"))
+    import fullscale
+
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "ascendconv")], check=True)
+    tool = ascendconv_command()
+    work = args.cache / "out"
+    work.mkdir(parents=True, exist_ok=True)
+    commands = []
+    for key in STARTUP_FAMILIES:
+        root = args.cache / "fullscale-v1" / key
+        if not root.is_dir():
+            print(f"writing {root} ...", file=sys.stderr)
+            partial = root.parent / (key + ".partial")
+            shutil.rmtree(partial, ignore_errors=True)
+            fullscale.write_sparse_checkpoint(fullscale.FAMILIES[key](), partial)
+            partial.rename(root)
+        warm_headers(root)
+        dry_run = ["convert", "--dry-run", "--scheme", "w4a8-mxfp-moe", str(root), str(work / "package")]
+        commands += [Command(f"inspect {key}", tool + ["inspect", str(root)], 0), Command(f"dry-run {key}", tool + dry_run, 0)]
+    for rep in range(args.reps):
+        print(f"repetition {rep + 1} of {args.reps}", file=sys.stderr)
+        shift = rep % len(commands)
+        for command in commands[shift:] + commands[:shift]:
+            command.run()
+    rows = [c.row() for c in commands]
+    load = os.getloadavg()[1]
+    print(f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores, load {load:.1f}, "
+          f"median of {args.reps}")
+    print(f"{'family':24s} {'inspect s':>10s} {'CPU s':>6s} {'dry-run s':>10s} {'CPU s':>6s} {'peak RSS':>9s}")
+    for key, inspect, dry in zip(STARTUP_FAMILIES, rows[::2], rows[1::2]):
+        rss = max(inspect["peak_rss_mib"], dry["peak_rss_mib"])
+        print(f"{key:24s} {inspect['median_s']:10.2f} {inspect['cpu_s']:6.2f} {dry['median_s']:10.2f} {dry['cpu_s']:6.2f} "
+              f"{rss:5.0f} MiB")
+    checks = [(f"{row['command']}: <= {TARGET_FULLSCALE_START_S:g} s ({row['median_s']:.2f} s)",
+               row["median_s"] <= TARGET_FULLSCALE_START_S) for row in rows]
+    for text, ok in checks:
+        print(f"  {'PASS' if ok else 'FAIL'}  {text}")
+    if args.json:
+        args.json.write_text(json.dumps({"results": rows, "checks": dict(checks)}, indent=2) + "\n")
+    sys.exit(0 if all(ok for _, ok in checks) else 1)
+
+
+def warm_headers(root: Path) -> None:
+    """Read what a header-only command reads (config, index, each shard's header) into the page
+    cache; the data of a sparse copy is a hole of hundreds of GB, never read."""
+    for path in sorted(root.iterdir()):
+        with open(path, "rb") as f:
+            if path.suffix != ".safetensors":
+                f.read()
+                continue
+            prefix = f.read(8)
+            f.read(int.from_bytes(prefix, "little") if len(prefix) == 8 else 0)
+
+
 def dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
@@ -488,11 +555,14 @@ def main() -> None:
     parser.add_argument("--skip", action="append", default=[], help="skip the commands whose label contains this")
     parser.add_argument("--json", type=Path, help="write the results to this file")
     parser.add_argument("--only", action="append", default=[],
-                        help="time only the commands whose label contains this (and skip the first-run row)")
+                        help="time only the commands whose label contains this (and skip the first-run row); "
+                             "'startup' alone: the full-scale start-up rows")
     parser.add_argument("--mx-only", action="store_true", help=f"time only {MX_LABEL!r}")
     args = parser.parse_args()
     if args.mx_only:
         mx_only(args)
+    if args.only == ["startup"]:
+        fullscale_startup(args)
 
     source = args.cache / f"synthetic-v{BUILD_VERSION}-{args.size_gb:g}gb"
     if not source.is_dir():

@@ -4,11 +4,14 @@ import math
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from ascendconv.ascendv1 import RANK
 from ascendconv.errors import BadOptionError
 from ascendconv.io.safetensors import TensorEntry, tensor_nbytes
 from ascendconv.sources.hf_fp8_block import pair_fp8_linears
-from ascendconv.decide import Override, packed_group
+from ascendconv.decide import SCHEMES, Override, packed_group
 from ascendconv.options import parse_size
 from ascendconv.plan import assign_shards, files_to_copy, make_plan
 
@@ -246,3 +249,64 @@ def test_quant_type_table_is_consistent_with_the_element_formats():
     assert QUANT_TYPES[W8A8_MXFP8].weight_dtype == "F8_E4M3" and QUANT_TYPES[W4A8_MXFP].weight_dtype == "U8"
     assert QUANT_TYPES[FLOAT].scale_shape(10, 64) is None
     assert quant_type_named(["W8A8_MXFP8"]) is None and quant_type_named("W8A16") is None
+
+
+# --- figures: what a plan's tensors add up to, counted without making them ----------------------------
+
+
+def greedy_cuts(units: list[int], limit: int) -> list[int]:
+    """The shard rule said plainly: cut before a unit that would take a non-empty shard past the limit."""
+    cuts, size, filled = [0], 0, 0
+    for i, unit in enumerate(units):
+        if filled and size + unit > limit:
+            cuts.append(i)
+            size, filled = 0, 0
+        size += unit
+        filled += 1
+    return cuts
+
+
+@given(st.lists(st.integers(0, 40), max_size=60), st.integers(1, 50))
+def test_shard_cuts_are_the_greedy_rule(units, limit):
+    from ascendconv.plan import shard_cuts
+
+    assert shard_cuts(units, limit) == greedy_cuts(units, limit)
+
+
+def counted(plan) -> tuple[dict[str, int], int, int]:
+    """(tensors per label, bytes, shards) from the plan's own tensors and shards."""
+    counts = dict.fromkeys(plan.figures.tensors, 0)
+    for tensor in plan.tensors:
+        counts[tensor.quant_type] += 1
+    return counts, sum(t.nbytes for t in plan.tensors), len(plan.shards)
+
+
+def assert_figures_count_the_tensors(plan) -> None:
+    assert (plan.figures.tensors, plan.figures.bytes_out, plan.figures.shards) == counted(plan)
+    assert plan.model_quant_type == max({t.quant_type for t in plan.tensors}, key=RANK.__getitem__)
+    assert sum(len(s.tensors) for s in plan.shards) == len(plan.tensors)
+
+
+@pytest.mark.parametrize("max_shard_size", [0, 1, 40_000, 10**12])
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_figures_count_what_the_plan_places(scheme, max_shard_size):
+    spec = moe_layer(down_k=96)  # a misaligned MoE layer: fallbacks, FLOAT experts under some schemes
+    spec["model.layers.0.self_attn.o_proj.bias"] = ("BF16", (256,))
+    spec["model.norm.weight"] = ("F32", (256,))
+    assert_figures_count_the_tensors(plan_of(spec, scheme=scheme, max_shard_size=max_shard_size))
+
+
+def test_figures_count_what_a_full_scale_plan_places(tmp_path):
+    """DeepSeek-V3 as published (163 shards, MTP layer, kv_b_proj FLOAT), every scheme, at --tp 16
+    (fallbacks) and with --ep."""
+    from fullscale import FAMILIES, write_sparse_checkpoint
+
+    from ascendconv.decide import Deployment
+    from ascendconv.plan import Planner
+    from ascendconv.sources import Source
+
+    source = Source.open(write_sparse_checkpoint(FAMILIES["deepseek-v3"](), tmp_path / "ds"))
+    for deployment in (Deployment(tp=16), Deployment(tp=16, ep=True)):
+        planner = Planner.for_source(source, deployment)
+        for scheme in SCHEMES:
+            assert_figures_count_the_tensors(planner.plan(scheme))

@@ -22,8 +22,8 @@ from ascendconv.inspect.summary import (
 )
 from ascendconv.sources import Encoding, open_source
 from ascendconv.sources.checkpoint import INDEX_NAME as SOURCE_INDEX_NAME
-from ascendconv.models import rules_for
-from ascendconv.decide import SCHEMES, Deployment, module_pattern
+from ascendconv.models import ModelRules, rules_for
+from ascendconv.decide import SCHEMES, Deployment, ModuleFacts, group_members, module_pattern
 from ascendconv.plan import Plan, Planner
 
 MX_SOURCE_LABELS = {Encoding.MX_E2M1: "MXFP4", Encoding.MX_E4M3: "MXFP8"}
@@ -45,22 +45,25 @@ def inspect_source(root: Path, glob: str | None, deployment: Deployment) -> Insp
         estimates: dict[str, SchemeEstimate] = {}
         written: dict[str, dict[str, str]] = {}
         planner = Planner.for_source(source, deployment)
+        shared = shared_experts(planner.facts, planner.rules)
         for scheme in SCHEMES:
             plan = planner.plan(scheme)
-            written[scheme] = {m: d.written for m, d in plan.decisions.items()}
+            written[scheme] = {}
+            for group in plan.groups.values():
+                written[scheme].update(dict.fromkeys(group.members, group.written))
             estimates[scheme] = SchemeEstimate(
                 scheme=scheme,
                 model_quant_type=plan.model_quant_type,
                 modules=plan.type_counts(),
                 tensors=plan.tensor_counts(),
                 bytes_out=plan.bytes_out,
-                shards=len(plan.shards),
+                shards=plan.figures.shards,
                 fallbacks=[
                     Fallback(d.module, module_pattern(d.module), d.requested, d.written, d.reason)
                     for d in sorted(plan.fallbacks, key=lambda d: natural_key(d.module))
                 ],
                 kept_float=plan.kept_float(),
-                runtime=runtime_notes(plan),
+                runtime=runtime_notes(plan, shared),
             )
         # by the package's weight names (an MX source may store `weight_packed`)
         package_names = {linear.weight.name: linear.prefix + ".weight" for linear in source.linears.values()}
@@ -103,15 +106,18 @@ def inspect_source(root: Path, glob: str | None, deployment: Deployment) -> Insp
         source.close()
 
 
-def runtime_notes(plan: Plan) -> list[str]:
-    """What vllm-ascend will run with the package this plan writes, in short sentences."""
+def runtime_notes(plan: Plan, shared: dict[str, str] | None = None) -> list[str]:
+    """What vllm-ascend will run with the package this plan writes, in short sentences (`shared`:
+    shared_experts(plan.facts, plan.rules), when known)."""
     notes = []
-    by_group: dict[str, str] = {d.group: d.written for d in plan.decisions.values()}
+    by_group: dict[str, str] = {name: group.written for name, group in plan.groups.items()}
     moe = Counter(t for g, t in by_group.items() if g.endswith(".experts"))
     if moe:
         types = ", ".join(f"{n} {t}" for t, n in sorted(moe.items(), key=lambda kv: -RANK[kv[0]]))
         notes.append(f"MoE layers: {types} (FLOAT experts run the unquantized fused MoE)")
-    written = Counter(d.written for d in plan.decisions.values())
+    written: Counter = Counter()
+    for group in plan.groups.values():
+        written[group.written] += len(group.members)
     for quant_type in sorted(written, key=lambda t: -RANK[t]):
         if quant_type != FLOAT:
             notes.append(f"{quant_type} ({written[quant_type]} modules): {QUANT_TYPES[quant_type].runtime}")
@@ -141,7 +147,7 @@ def runtime_notes(plan: Plan) -> list[str]:
         notes.append(f"adds {added.name}, a FLOAT copy of {added.source}: {added.reason}")
     notes += [w for w in plan.warnings if w != plan.rules.warning]  # drafter heads left out, --tp growth
     notes += plan.rules.family.runtime_notes
-    mixed = _shared_vs_routed(plan)
+    mixed = _shared_vs_routed(plan, by_group, shared_experts(plan.facts, plan.rules) if shared is None else shared)
     if mixed:
         notes.append(
             f"{mixed} MoE layers hold shared experts of another type than their routed experts: do not enable "
@@ -150,15 +156,23 @@ def runtime_notes(plan: Plan) -> list[str]:
     return notes
 
 
-def _shared_vs_routed(plan: Plan) -> int:
-    """MoE layers whose shared expert is written in another type than their routed experts."""
-    routed: dict[str, str] = {}
-    shared: dict[str, str] = {}
-    for decision in plan.decisions.values():
-        if decision.group.endswith(".experts"):  # a MoE layer's group: 'model.layers.3.mlp.experts'
-            routed[decision.group[: -len(".experts")]] = decision.written
+def shared_experts(facts: dict[str, ModuleFacts], rules: ModelRules) -> dict[str, str]:
+    """Shared-expert modules decided apart from the routed experts -> their MoE block
+    ('model.layers.3.mlp'), in the order of a plan's decisions. The same for every scheme: inspect
+    finds them once."""
+    shared = {}
+    for group, members in group_members(facts).items():
+        if group.endswith(".experts"):  # a MoE layer's group: 'model.layers.3.mlp.experts'
             continue
-        layer = plan.rules.shared_expert_layer(decision.module)
-        if layer is not None:
-            shared[layer] = decision.written
+        for module in members:
+            layer = rules.shared_expert_layer(module)
+            if layer is not None:
+                shared[module] = layer
+    return shared
+
+
+def _shared_vs_routed(plan: Plan, by_group: dict[str, str], shared_layers: dict[str, str]) -> int:
+    """MoE layers whose shared expert is written in another type than their routed experts."""
+    routed = {group[: -len(".experts")]: t for group, t in by_group.items() if group.endswith(".experts")}
+    shared = {layer: plan.groups[plan.facts[module].group].written for module, layer in shared_layers.items()}
     return sum(1 for layer, t in shared.items() if layer in routed and routed[layer] != t)

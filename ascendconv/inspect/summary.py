@@ -4,6 +4,8 @@ model, tensors and bytes per dtype and per quant type, the layer structure, modu
 from __future__ import annotations
 
 import fnmatch
+import itertools
+import operator
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -127,19 +129,21 @@ def _groups(
     for prefix in modules:
         grouped.setdefault(module_pattern(prefix), []).append(prefix)
     groups = []
+    dtype = operator.attrgetter("dtype")
     for pattern in sorted(grouped, key=natural_key):
         members = grouped[pattern]
         schemes = None
-        if scheme_types is not None:
+        if scheme_types is not None:  # map: counted at C speed (100,000 modules, each scheme)
             schemes = {
-                scheme: _count(written.get(m, FLOAT) for m in members) for scheme, written in scheme_types.items()
+                scheme: _count(map(written.get, members, itertools.repeat(FLOAT)))
+                for scheme, written in scheme_types.items()
             }
         groups.append(
             ModuleGroup(
                 pattern,
                 len(members),
                 _count(type_of(m) or UNDESCRIBED for m in members),
-                _count(modules[m].dtype for m in members),
+                _count(map(dtype, map(modules.__getitem__, members))),
                 schemes,
             )
         )

@@ -67,6 +67,10 @@ def moe_coverage_problems(names: Iterable[str], config: dict | None, where: str)
     return problems
 
 
+def _where(name: str, entry: TensorEntry) -> str:
+    return f"{entry.path.name}: tensor {shown(name)}"
+
+
 def check_source_tensors(root: Path, tensors: dict[str, TensorEntry], linears: dict, config: dict) -> None:
     """Raise a named error for the first source tensor the package could not carry as the loader
     and `verify` expect. `linears`: module prefix -> sources.SourceLinear (weight, scale, bias), as
@@ -75,21 +79,22 @@ def check_source_tensors(root: Path, tensors: dict[str, TensorEntry], linears: d
         raise UnrecognizedCheckpointError(f"{root}: the weight files hold no tensors", "the checkpoint is empty or damaged")
     paired = {t.name for linear in linears.values() for t in (linear.weight, linear.scale) if t is not None}
     for name, entry in tensors.items():
-        where = f"{entry.path.name}: tensor {shown(name)}"
         if name in DESCRIPTION_FIELDS:
             raise UnsupportedTensorError(
-                f"{where} has the name of a field of quant_model_description.json",
+                f"{_where(name, entry)} has the name of a field of quant_model_description.json",
                 "the package cannot describe a tensor of that name; rename it in the checkpoint",
             )
-        if name.endswith(MX_SCALE_SUFFIX) and name not in paired:
+        if name in paired:
+            continue
+        if name.endswith(MX_SCALE_SUFFIX):
             raise UnsupportedTensorError(
-                f"{where} ends in {MX_SCALE_SUFFIX!r}, the name the package gives MX scales, but is no scale "
-                "of a quantized linear of this checkpoint's format",
+                f"{_where(name, entry)} ends in {MX_SCALE_SUFFIX!r}, the name the package gives MX scales, but is no "
+                "scale of a quantized linear of this checkpoint's format",
                 "remove or rename the stray tensor, or check that config.json names the checkpoint's format",
             )
-        if entry.dtype in FP8_DTYPES and name not in paired:
+        if entry.dtype in FP8_DTYPES:
             raise UnsupportedTensorError(
-                f"{where} is {entry.dtype} but not a weight or scale of a quantized linear",
+                f"{_where(name, entry)} is {entry.dtype} but not a weight or scale of a quantized linear",
                 "a FLOAT tensor of the package must hold floats the loader can read by value",
             )
     for linear in linears.values():

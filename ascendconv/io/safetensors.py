@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
 from ascendconv.errors import HeaderError, OutOfMemoryError, TruncatedFileError, shown
+from ascendconv.gcpause import record_builder
 from ascendconv.io.files import is_text, lease, open_regular, parse_json_bytes, populate, unlease
 
 if TYPE_CHECKING:
@@ -101,7 +102,7 @@ def tensor_nbytes(dtype: str, shape: tuple[int, ...]) -> int:
     return math.prod(shape) * itemsize(dtype)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TensorEntry:
     """One tensor of one file: where its bytes are and what they mean."""
 
@@ -115,6 +116,9 @@ class TensorEntry:
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
+
+
+_new_entry = record_builder(TensorEntry)
 
 
 @dataclass
@@ -163,23 +167,40 @@ def read_header(path: str | os.PathLike) -> SafetensorsHeader:
     metadata = {} if metadata is None else metadata
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise HeaderError(f"{path}: __metadata__ is {shown(metadata)}; it must map strings to strings")
-    for name in header:
-        if not is_text(name):
-            raise HeaderError(
-                f"{path}: tensor name {shown(name)} holds a lone surrogate (an escape such as \\ud800), which is not "
-                "text: no file or header could carry it"
-            )
+    if b"\\u" in header_bytes:  # a lone surrogate comes only from a \u escape: most headers have none
+        for name in header:
+            if not is_text(name):
+                raise HeaderError(
+                    f"{path}: tensor name {shown(name)} holds a lone surrogate (an escape such as \\ud800), which is not "
+                    "text: no file or header could carry it"
+                )
 
     data_start = 8 + header_len
     data_size = file_size - data_start
     tensors: dict[str, TensorEntry] = {}
-    spans: list[tuple[int, int, str]] = []
+    position = 0  # where the next tensor starts, while the header lists them in file order
     for name, info in header.items():
         entry = _plain_entry(path, name, info, data_start) or _parse_entry(path, name, info, data_start)
         tensors[name] = entry
-        spans.append((entry.offset - data_start, entry.offset - data_start + entry.nbytes, name))
+        if position >= 0:
+            position = position + entry.nbytes if entry.offset - data_start == position else -1
+    if position < 0:  # listed in another order (the safetensors library sorts names): check the sorted spans
+        position = _contiguous_end(path, tensors, data_start)
+    if position > data_size:
+        last = max(tensors.values(), key=lambda e: (e.offset, e.offset + e.nbytes, e.name)).name
+        raise TruncatedFileError(
+            f"{path}: tensor {shown(last)} ends at data offset {position} but the file holds only "
+            f"{data_size} data bytes (truncated file)"
+        )
+    if position < data_size:
+        raise HeaderError(f"{path}: {data_size - position} bytes after the last tensor")
+    return SafetensorsHeader(path, file_size, data_start, tensors, dict(metadata), header_bytes)
 
-    spans.sort()
+
+def _contiguous_end(path: Path, tensors: dict[str, TensorEntry], data_start: int) -> int:
+    """Where the last tensor ends, the tensors sorted by their data offsets; a HeaderError if they
+    leave a gap or overlap."""
+    spans = sorted((e.offset - data_start, e.offset - data_start + e.nbytes, name) for name, e in tensors.items())
     position = 0
     for begin, end, name in spans:
         if begin != position:
@@ -188,15 +209,7 @@ def read_header(path: str | os.PathLike) -> SafetensorsHeader:
                 "(offsets must be contiguous)"
             )
         position = end
-    if position > data_size:
-        last = spans[-1][2]
-        raise TruncatedFileError(
-            f"{path}: tensor {shown(last)} ends at data offset {position} but the file holds only "
-            f"{data_size} data bytes (truncated file)"
-        )
-    if position < data_size:
-        raise HeaderError(f"{path}: {data_size - position} bytes after the last tensor")
-    return SafetensorsHeader(path, file_size, data_start, tensors, dict(metadata), header_bytes)
+    return position
 
 
 def _pread_exactly(fd: int, count: int, offset: int, path: Path) -> bytes:
@@ -252,7 +265,7 @@ def _plain_entry(path: Path, name: str, info: object, data_start: int) -> Tensor
     begin, end = offsets
     if type(begin) is not int or type(end) is not int or begin < 0 or end - begin != nbytes or end > _PLAIN_LIMIT:
         return None
-    return TensorEntry(name, dtype, tuple(shape), path, data_start + begin, nbytes)
+    return _new_entry(name, dtype, tuple(shape), path, data_start + begin, nbytes)
 
 
 def _parse_entry(path: Path, name: str, info: object, data_start: int) -> TensorEntry:

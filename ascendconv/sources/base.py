@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from ascendconv.errors import NonFiniteScaleError, ScaleDtypeError, shown
 from ascendconv.formats.constants import W4A8_MXFP, W8A8_MXFP8
+from ascendconv.gcpause import record_builder
 from ascendconv.io.safetensors import TensorEntry
 from ascendconv.sources.checkpoint import Checkpoint
 
@@ -62,13 +63,18 @@ class SourceLinear:
     @property
     def shape(self) -> tuple[int, int]:
         """[N, K] of the values (a packed E2M1 weight stores K/2 bytes per row)."""
-        n, k = self.weight.shape
-        return (n, 2 * k) if self.encoding is Encoding.MX_E2M1 else (n, k)
+        n, k = shape = self.weight.shape
+        return (n, 2 * k) if self.encoding is Encoding.MX_E2M1 else shape
 
     @property
     def native(self) -> str | None:
         """The package type the stored bytes already are (re-laid out, not re-quantized), or None."""
         return NATIVE_TYPES.get(self.encoding)
+
+
+# SourceLinear(prefix, weight, scale, bias, block, encoding), every field given: what a format's
+# pairing loop calls once per linear of a full-scale source
+new_linear = record_builder(SourceLinear)
 
 
 @dataclass

@@ -73,12 +73,16 @@ def discover_shards(root: Path, index_name: str = INDEX_NAME) -> tuple[list[Path
         weight_map = index.get("weight_map") if isinstance(index, dict) else None
         if not isinstance(weight_map, dict):
             raise IndexMismatchError(f"{index_path}: cannot read the index (no weight_map object)")
-        for name, file in weight_map.items():
-            if not isinstance(file, str) or file in ("", ".", "..") or os.path.basename(file) != file:
-                raise IndexMismatchError(
-                    f"{index_path}: tensor {shown(name)} is mapped to {shown(file)}, not to a file name in {root}"
-                )
-        names = sorted(set(weight_map.values()))
+        # each distinct file once (a full-scale index maps 100,000 tensors to a few dozen files); the
+        # first tensor of a bad one is named
+        files = set(weight_map.values()) if all(type(f) is str for f in weight_map.values()) else None
+        if files is None or not all(_is_file_name(f) for f in files):
+            for name, file in weight_map.items():
+                if not isinstance(file, str) or not _is_file_name(file):
+                    raise IndexMismatchError(
+                        f"{index_path}: tensor {shown(name)} is mapped to {shown(file)}, not to a file name in {root}"
+                    )
+        names = sorted(files)
         for name in names:
             if not is_regular(root / name):
                 users = sorted(t for t, f in weight_map.items() if f == name)
@@ -90,6 +94,10 @@ def discover_shards(root: Path, index_name: str = INDEX_NAME) -> tuple[list[Path
         return [root / n for n in names], weight_map
     shards = sorted(p for p in root.glob("*.safetensors") if is_regular(p))
     return shards, None
+
+
+def _is_file_name(file: str) -> bool:
+    return file not in ("", ".", "..") and os.path.basename(file) == file
 
 
 def merge_headers(
@@ -104,7 +112,7 @@ def merge_headers(
                     f"tensor {shown(name)} is defined twice: in {tensors[name].path.name} and in {header.path.name}"
                 )
             tensors[name] = entry
-    if weight_map is not None:
+    if weight_map is not None and not _index_agrees(headers, weight_map, len(tensors)):
         for name, file in weight_map.items():
             entry = tensors.get(name)
             if entry is None:
@@ -120,6 +128,27 @@ def merge_headers(
                 + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else "")
             )
     return tensors
+
+
+def _index_agrees(headers: list[SafetensorsHeader], weight_map: dict[str, str], count: int) -> bool:
+    """Whether the index maps exactly the shards' `count` tensors, each to its own shard (then
+    merge_headers has nothing to name)."""
+    get = weight_map.get
+    return len(weight_map) == count and all(
+        all(get(name) == file for name in header.tensors) for header in headers for file in (header.path.name,)
+    )
+
+
+def in_file_order(headers: list[SafetensorsHeader]) -> bool:
+    """Whether the headers, in this order, list their tensors in (file name, offset) order already."""
+    names = [h.path.name for h in headers]
+    if names != sorted(names):
+        return False
+    for header in headers:
+        offsets = [e.offset for e in header.tensors.values()]
+        if offsets != sorted(offsets):
+            return False
+    return True
 
 
 @dataclass
@@ -150,7 +179,8 @@ class Checkpoint:
             raise UnrecognizedCheckpointError(f"{root}: no *.safetensors files")
         headers = [read_header(p) for p in shard_paths]
         tensors = merge_headers(headers, weight_map, root / INDEX_NAME)
-        tensors = dict(sorted(tensors.items(), key=lambda kv: (kv[1].path.name, kv[1].offset)))
+        if not in_file_order(headers):  # merged in header order: sorted already when each header is
+            tensors = dict(sorted(tensors.items(), key=lambda kv: (kv[1].path.name, kv[1].offset)))
         return cls(root, config, config_path, headers, tensors)
 
     def companion_files(self) -> tuple[list[str], dict[str, str]]:

@@ -20,7 +20,7 @@ from ascendconv.errors import (
 )
 from ascendconv.io.rules import check_source_tensors
 from ascendconv.io.safetensors import TensorEntry
-from ascendconv.sources.base import WEIGHT_SUFFIX, Source, SourceFormat, SourceLinear
+from ascendconv.sources.base import WEIGHT_SUFFIX, Encoding, Source, SourceFormat, SourceLinear, new_linear
 from ascendconv.sources.checkpoint import Checkpoint, find_quantization_config
 
 SCALE_SUFFIX = ".weight_scale_inv"
@@ -97,10 +97,13 @@ def parse_block_fp8_config(config: dict, config_path: Path) -> BlockFP8Config:
     )
 
 
+FP8_WEIGHT_DTYPES = ("F8_E4M3", "F8_E5M2")
+
+
 def fp8_weight_prefix(name: str, entry: TensorEntry) -> str | None:
     """The module prefix of an FP8 weight (a 2-D F8_E4M3 `P.weight`), None for a tensor that is not
     FP8; any other FP8 tensor is refused, in every FP8 spelling."""
-    if entry.dtype not in ("F8_E4M3", "F8_E5M2"):
+    if entry.dtype not in FP8_WEIGHT_DTYPES:
         return None
     if entry.dtype == "F8_E5M2" or not name.endswith(WEIGHT_SUFFIX) or len(entry.shape) != 2:
         raise UnsupportedTensorError(
@@ -121,28 +124,29 @@ def pair_fp8_linears(
     """Pair every F8_E4M3 weight with its tile scale (`P.weight` + `P<scale_suffix>`) and check the
     scale's dtype and shape. The FP8 spellings differ only in the suffix and the scale dtypes."""
     linears: dict[str, SourceLinear] = {}
+    get = tensors.get
     for name, entry in tensors.items():
         if name.endswith(scale_suffix):
             weight_name = name[: -len(scale_suffix)] + WEIGHT_SUFFIX
-            weight = tensors.get(weight_name)
+            weight = get(weight_name)
             if weight is None or weight.dtype != "F8_E4M3":
                 found = "is missing" if weight is None else f"is {weight.dtype}"
                 raise OrphanScaleError(
                     f"{entry.path.name}: scale {shown(name)} has no F8_E4M3 weight: {shown(weight_name)} {found}"
                 )
             continue
-        prefix = fp8_weight_prefix(name, entry)
-        if prefix is None:
+        if entry.dtype not in FP8_WEIGHT_DTYPES:  # what fp8_weight_prefix says None to, without the call
             continue
-        scale = tensors.get(prefix + scale_suffix)
-        per_tensor = tensors.get(prefix + PER_TENSOR_SUFFIX)
+        prefix = fp8_weight_prefix(name, entry)
+        scale = get(prefix + scale_suffix)
+        per_tensor = get(prefix + PER_TENSOR_SUFFIX) if scale is None else None
         if scale is None and per_tensor is not None and per_tensor.numel == 1 and len(per_tensor.shape) <= 2:
             if per_tensor.dtype not in scale_dtypes:
                 raise ScaleDtypeError(
                     f"{per_tensor.path.name}: {shown(per_tensor.name)} (a per-tensor scale) is {per_tensor.dtype}, "
                     f"expected one of {', '.join(scale_dtypes)}"
                 )
-            linears[prefix] = SourceLinear(prefix, entry, per_tensor, tensors.get(prefix + ".bias"), entry.shape)
+            linears[prefix] = new_linear(prefix, entry, per_tensor, get(prefix + ".bias"), entry.shape, Encoding.FP8_TILES)
             continue
         if scale is None:
             raise MissingScaleError(
@@ -159,7 +163,7 @@ def pair_fp8_linears(
                 f"{scale.path.name}: {shown(scale.name)} has shape {list(scale.shape)}, expected {list(expected)} "
                 f"for weight {list(entry.shape)} with {tile_key} {list(block)}"
             )
-        linears[prefix] = SourceLinear(prefix, entry, scale, tensors.get(prefix + ".bias"), block)
+        linears[prefix] = new_linear(prefix, entry, scale, get(prefix + ".bias"), block, Encoding.FP8_TILES)
     return linears
 
 
