@@ -85,7 +85,8 @@ SCHEMES = ("w8a8-mxfp8", "w4a8-mxfp", "w4a16-mxfp4-moe", "w4a4-mxfp4")
 TARGET_RATIO = {"w8a8-mxfp8": 1.2, "w4a8-mxfp": 0.9, "w4a16-mxfp4-moe": 1.2, "w4a4-mxfp4": 0.9}
 # The synthetic checkpoint in other source formats (derive_source), converted w8a8-mxfp8: label ->
 # (format, target ratio to `cp -r` + sync of that format's own source)
-FORMAT_ROWS = {"convert ct-fp8 w8a8-mxfp8": ("ct-fp8", 1.2), "convert bf16 w8a8-mxfp8": ("bf16", 1.2)}
+FORMAT_ROWS = {"convert ct-fp8 w8a8-mxfp8": ("ct-fp8", 1.2), "convert ds-v4 w8a8-mxfp8": ("ds-v4", 1.2),
+               "convert bf16 w8a8-mxfp8": ("bf16", 1.2)}
 TARGET_RSS = 2**30
 STARTUP_LABEL = "verify OUT, sample (start-up)"
 TARGET_START_S = {"convert --dry-run": 0.35, "inspect SRC": 0.35, "--help": 0.25, STARTUP_LABEL: 0.35}
@@ -136,9 +137,13 @@ def build_checkpoint(root: Path, size_gb: float) -> None:
     build(root, SHAPE, SHAPE.layer_count(size_gb * 1e9), log=lambda line: print(line, file=sys.stderr, flush=True))
 
 
+SCALE_NAMES = {"ct-fp8": ".weight_scale", "ds-v4": ".scale"}  # the derived FP8 spellings' scale suffixes
+
+
 def derive_source(source: Path, kind: str) -> Path:
     """The synthetic checkpoint in another source format (once; cached beside it): `ct-fp8`, the
-    same bytes as compressed-tensors FP8-block names them (`weight_scale`, config_groups); `bf16`,
+    same bytes as compressed-tensors FP8-block names them (`weight_scale`, config_groups); `ds-v4`,
+    the same bytes under DeepSeek-V4's scale name (`P.scale`, F32) and model_type; `bf16`,
     its BF16 master (every FP8 weight resolved as vllm-ascend resolves it, no quantization_config,
     twice the bytes per weight)."""
     from ascendconv import kernels
@@ -158,8 +163,8 @@ def derive_source(source: Path, kind: str) -> Path:
             by_name = {e.name: e for e in entries}
             specs, makers = [], []
             for e in entries:
-                if kind == "ct-fp8":
-                    name = e.name.replace(".weight_scale_inv", ".weight_scale")
+                if kind in SCALE_NAMES:
+                    name = e.name.replace(".weight_scale_inv", SCALE_NAMES[kind])
                     specs.append(TensorSpec(name, e.dtype, e.shape))
                     makers.append((name, lambda e=e: reader.read_bytes(e)))
                 elif e.name.endswith(".weight_scale_inv"):
@@ -186,6 +191,8 @@ def derive_source(source: Path, kind: str) -> Path:
                 "symmetric": True, "dynamic": False}}},
             "ignore": ["lm_head"],
         }
+    elif kind == "ds-v4":
+        config["model_type"] = "deepseek_v4"
     else:
         del config["quantization_config"]
     (partial / "config.json").write_text(json.dumps(config, indent=2) + "\n")
