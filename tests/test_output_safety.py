@@ -243,7 +243,10 @@ def test_interrupt_while_removing_the_old_package_says_what_is_true(fixture_copy
 
 @pytest.fixture(scope="module")
 def large_source(tmp_path_factory):
-    return write_large_checkpoint(tmp_path_factory.mktemp("large") / "src")
+    # six shards: the first is written about 0.6 s into the run and the rest take 3 s more, so a
+    # signal sent once it appears always meets a run in progress (with two, the window was 1.2 s,
+    # and a loaded CI machine once saw the run finish first)
+    return write_large_checkpoint(tmp_path_factory.mktemp("large") / "src", shards=6)
 
 
 def start_convert(src: Path, out: Path) -> subprocess.Popen:
