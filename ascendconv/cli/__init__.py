@@ -114,6 +114,15 @@ def run(action: Callable[[], object], as_json: bool, command: str) -> object:
         raise typer.Exit(code)
 
 
+def header_only_process() -> None:
+    """For a command that reads only headers (inspect, convert --dry-run): no cyclic garbage
+    collection for the rest of the process. Such a command builds a few hundred thousand records
+    that hold no reference cycles and exits; each full pass of the collector walked them all, about
+    a third of its run on the largest checkpoints (docs/performance.md). A library caller keeps its
+    own collector untouched."""
+    gc.disable()
+
+
 def print_json(result, command: str) -> None:
     """A library result as the one JSON object --json promises on stdout, in the envelope."""
     from ascendconv.cli.envelope import envelope

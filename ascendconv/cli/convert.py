@@ -7,7 +7,7 @@ from typing import Annotated, Callable, List, Optional
 
 import typer
 
-from ascendconv.cli import app, print_json, run
+from ascendconv.cli import app, header_only_process, print_json, run
 from ascendconv.cli.console import err, notice, out
 from ascendconv.cli.options import (
     AsJson,
@@ -101,6 +101,8 @@ def convert(
     # import, for nothing. Move them out of the collector's way (this also spares the final
     # collection at exit); a library caller keeps its own collector untouched.
     gc.freeze()
+    if dry_run:
+        header_only_process()
 
     def action():
         options = ConvertOptions(

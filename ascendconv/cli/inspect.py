@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from ascendconv.cli import app, print_json, run
+from ascendconv.cli import app, header_only_process, print_json, run
 from ascendconv.cli.console import out
 from ascendconv.cli.options import AsJson, Ep, MtpHeads, SharedAsRouted, Tp
 from ascendconv.decide import Deployment
@@ -39,6 +39,7 @@ def inspect_command(
     from ascendconv.cli.render.inspect import render_inspect
     from ascendconv.inspect import inspect_path
 
+    header_only_process()
     glob = tensor_filter if tensor_filter is not None else ("*" if tensors else None)
     report = run(
         lambda: inspect_path(src, tensors=glob, deployment=Deployment(tp, ep, shared_experts_as_routed, mtp_heads)),

@@ -177,13 +177,12 @@ def read_header(path: str | os.PathLike) -> SafetensorsHeader:
 
     data_start = 8 + header_len
     data_size = file_size - data_start
-    tensors: dict[str, TensorEntry] = {}
-    position = 0  # where the next tensor starts, while the header lists them in file order
-    for name, info in header.items():
-        entry = _plain_entry(path, name, info, data_start) or _parse_entry(path, name, info, data_start)
-        tensors[name] = entry
-        if position >= 0:
-            position = position + entry.nbytes if entry.offset - data_start == position else -1
+    plain = _plain_entries(path, header, data_start)
+    if plain is None:
+        tensors = {name: _parse_entry(path, name, info, data_start) for name, info in header.items()}
+        position = -1
+    else:
+        tensors, position = plain
     if position < 0:  # listed in another order (the safetensors library sorts names): check the sorted spans
         position = _contiguous_end(path, tensors, data_start)
     if position > data_size:
@@ -246,26 +245,36 @@ def shape_problem(dtype: str, shape: object) -> str | None:
 _PLAIN_LIMIT = 2**60  # bytes; a tensor this large takes the full checks of _parse_entry
 
 
-def _plain_entry(path: Path, name: str, info: object, data_start: int) -> TensorEntry | None:
-    """The entry of a well-formed header in the usual form, in fewer steps (a full-scale checkpoint
-    has about 100,000); None for anything else, which `_parse_entry` then accepts or names. It only
-    accepts what `_parse_entry` accepts, and makes the same entry."""
-    if type(info) is not dict:
+def _plain_entries(path: Path, header: dict, data_start: int) -> tuple[dict[str, TensorEntry], int] | None:
+    """Every entry of a well-formed header in the usual form, in one tight loop (a full-scale
+    checkpoint has a few hundred thousand), and where the last one ends while they are listed in
+    file order (-1 when they are not); None as soon as one is in any other form, and `_parse_entry`
+    then accepts or names each. It only accepts what `_parse_entry` accepts, and makes the same
+    entries."""
+    tensors: dict[str, TensorEntry] = {}
+    new, itemsizes, limit = _new_entry, ITEMSIZES, _PLAIN_LIMIT
+    position = 0  # where the next tensor starts while they are in file order; -1 after
+    try:
+        for name, info in header.items():
+            if type(info) is not dict:
+                return None
+            dtype, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
+            if type(dtype) is not str or type(shape) is not list:
+                return None
+            nbytes = itemsizes[dtype]
+            for dim in shape:
+                if type(dim) is not int or dim < 0:
+                    return None
+                nbytes *= dim
+                if nbytes > limit:
+                    return None
+            if type(begin) is not int or type(end) is not int or begin < 0 or end - begin != nbytes or end > limit:
+                return None
+            tensors[name] = new(name, dtype, tuple(shape), path, data_start + begin, nbytes)
+            position = end if begin == position else -1
+    except (KeyError, TypeError, ValueError):  # a field missing, unhashable, or offsets not two values
         return None
-    dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
-    nbytes = ITEMSIZES.get(dtype) if type(dtype) is str else None
-    if nbytes is None or type(shape) is not list or type(offsets) is not list or len(offsets) != 2:
-        return None
-    for dim in shape:
-        if type(dim) is not int or dim < 0:
-            return None
-        nbytes *= dim
-        if nbytes > _PLAIN_LIMIT:
-            return None
-    begin, end = offsets
-    if type(begin) is not int or type(end) is not int or begin < 0 or end - begin != nbytes or end > _PLAIN_LIMIT:
-        return None
-    return _new_entry(name, dtype, tuple(shape), path, data_start + begin, nbytes)
+    return tensors, position
 
 
 def _parse_entry(path: Path, name: str, info: object, data_start: int) -> TensorEntry:
