@@ -98,9 +98,8 @@ class ModelRules:
         )
 
     @cached_property
-    def _routed(self) -> re.Pattern:
-        projections = sorted({p for names in self.family.expert_projections for p in names})
-        return re.compile(rf"^(?P<layer>.+)\.experts\.(?P<expert>\d+)\.(?P<proj>{'|'.join(projections) or '(?!)'})$")
+    def _expert_projections(self) -> frozenset[str]:
+        return frozenset(p for names in self.family.expert_projections for p in names)
 
     @cached_property
     def _shared(self) -> re.Pattern:
@@ -143,9 +142,17 @@ class ModelRules:
         """A routed expert's projection as gate_proj / up_proj / down_proj, whatever the family names it."""
         return self._roles[proj]
 
-    def routed_expert(self, prefix: str) -> re.Match | None:
-        """The match (groups layer, expert, proj) if `prefix` is a routed expert's projection."""
-        return self._routed.match(prefix)
+    def routed_expert(self, prefix: str) -> dict[str, str] | None:
+        """{'layer', 'expert', 'proj'} if `prefix` is a routed expert's projection
+        (`<layer>.experts.<digits>.<proj>`), else None. String operations, not a pattern: planning
+        asks this of every linear of a full-scale checkpoint, a few hundred thousand times."""
+        head, _, proj = prefix.rpartition(".")
+        if proj not in self._expert_projections:
+            return None
+        block, _, expert = head.rpartition(".")
+        if not (expert.isdecimal() and block.endswith(".experts") and len(block) > 8) or "\n" in block:
+            return None
+        return {"layer": block[:-8], "expert": expert, "proj": proj}
 
     def shared_expert_layer(self, prefix: str) -> str | None:
         """The MoE block (e.g. 'model.layers.3.mlp') whose shared expert `prefix` belongs to."""
@@ -164,7 +171,7 @@ class ModelRules:
 
     def packed_group(self, prefix: str) -> str:
         """The group a module's type is decided with: a whole MoE layer, a packed set, or itself."""
-        routed = self._routed.match(prefix)
+        routed = self.routed_expert(prefix)
         if routed:
             return routed["layer"] + ".experts"
         return self.fused_group(prefix)

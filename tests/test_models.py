@@ -1,6 +1,9 @@
 """Model knowledge (ascendconv/models.py) and the plan decisions it drives, on small synthetic layers."""
 
+import re
+
 import pytest
+from hypothesis import given, strategies as st
 
 from ascendconv.errors import BadOptionError
 from ascendconv.models import (
@@ -24,6 +27,20 @@ def test_expert_count_reads_every_family_key_and_text_config():
     assert expert_count({"num_local_experts": 256}) == 256
     assert expert_count({"text_config": {"num_experts": 512}}) == 512
     assert expert_count({"num_experts": True}) is None and expert_count({}) is None
+
+
+_NAME_PARTS = st.sampled_from(["model", "layers", "3", "17", "mlp", "experts", "w2", "down_proj", "gate_proj", "", "x", "٣", "a\nb", "0x"])
+
+
+@given(st.lists(_NAME_PARTS, min_size=1, max_size=7).map(".".join), st.sampled_from(["mystery", "deepseek_v3", "minimax_m2"]))
+def test_routed_expert_names_what_the_pattern_of_its_spelling_matches(prefix, model_type):
+    """The string operations of routed_expert agree with the pattern `<layer>.experts.<digits>.<proj>`
+    (no newline in the name) on every name made of the parts that matter."""
+    rules = rules_for({"model_type": model_type})
+    projections = "|".join(sorted({p for names in rules.family.expert_projections for p in names}))
+    match = re.fullmatch(rf"(?P<layer>.+)\.experts\.(?P<expert>\d+)\.(?P<proj>{projections})", prefix)
+    expected = match.groupdict() if match and "\n" not in prefix else None
+    assert rules.routed_expert(prefix) == expected
 
 
 def test_known_families_and_the_generic_rule():

@@ -29,14 +29,21 @@ def moe_layers(names: Iterable[str], config: dict | None = None) -> dict[str, di
     """layer prefix ('model.layers.3.mlp') -> expert -> projection role -> weight name, in layer
     order. Routed experts are named as the model family of config.json names them (models.py)."""
     rules = rules_for(config if isinstance(config, dict) else None)
+    routed, roles = rules.routed_expert, rules._roles
     layers: dict[str, dict[int, dict[str, str]]] = {}
     for name in names:
         if not name.endswith(".weight"):
             continue
-        match = rules.routed_expert(name[: -len(".weight")])
+        match = routed(name[:-7])
         if match and len(match["expert"]) <= MAX_EXPERT_DIGITS:
-            role = rules.expert_role(match["proj"])
-            layers.setdefault(match["layer"], {}).setdefault(int(match["expert"]), {})[role] = name
+            layer = layers.get(match["layer"])
+            if layer is None:
+                layer = layers[match["layer"]] = {}
+            expert = int(match["expert"])
+            roles_of = layer.get(expert)
+            if roles_of is None:
+                roles_of = layer[expert] = {}
+            roles_of[roles[match["proj"]]] = name
 
     def order(layer: str):
         return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", layer)]
@@ -77,8 +84,13 @@ def check_source_tensors(root: Path, tensors: dict[str, TensorEntry], linears: d
     the source's format paired them: a tensor the format did not consume is carried as it is."""
     if not tensors:
         raise UnrecognizedCheckpointError(f"{root}: the weight files hold no tensors", "the checkpoint is empty or damaged")
-    paired = {t.name for linear in linears.values() for t in (linear.weight, linear.scale) if t is not None}
-    for name, entry in tensors.items():
+    paired = {linear.weight.name for linear in linears.values()}
+    paired.update(linear.scale.name for linear in linears.values() if linear.scale is not None)
+    # set operations first (a full-scale source has a few hundred thousand tensors, nearly all paired),
+    # then the rest in source order, so that the first offending tensor is named
+    odd = (tensors.keys() - paired) | (tensors.keys() & DESCRIPTION_FIELDS)
+    for name in [n for n in tensors if n in odd] if odd else ():
+        entry = tensors[name]
         if name in DESCRIPTION_FIELDS:
             raise UnsupportedTensorError(
                 f"{_where(name, entry)} has the name of a field of quant_model_description.json",

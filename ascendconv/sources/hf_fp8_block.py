@@ -4,7 +4,6 @@ with `weight_block_size`; each F8_E4M3 `P.weight` [N, K] has a `P.weight_scale_i
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,6 +124,9 @@ def pair_fp8_linears(
     scale's dtype and shape. The FP8 spellings differ only in the suffix and the scale dtypes."""
     linears: dict[str, SourceLinear] = {}
     get = tensors.get
+    grids: dict[tuple[int, int], tuple[int, int]] = {}  # weight shape -> its scale's (a few dozen shapes)
+    bn, bk = block
+    fp8_dtypes, suffix_len = FP8_WEIGHT_DTYPES, len(WEIGHT_SUFFIX)
     for name, entry in tensors.items():
         if name.endswith(scale_suffix):
             weight_name = name[: -len(scale_suffix)] + WEIGHT_SUFFIX
@@ -135,20 +137,23 @@ def pair_fp8_linears(
                     f"{entry.path.name}: scale {shown(name)} has no F8_E4M3 weight: {shown(weight_name)} {found}"
                 )
             continue
-        if entry.dtype not in FP8_WEIGHT_DTYPES:  # what fp8_weight_prefix says None to, without the call
+        if entry.dtype not in fp8_dtypes:
             continue
-        prefix = fp8_weight_prefix(name, entry)
+        shape = entry.shape
+        if entry.dtype != "F8_E4M3" or len(shape) != 2 or not name.endswith(WEIGHT_SUFFIX):
+            fp8_weight_prefix(name, entry)  # raises, naming the layout
+        prefix = name[:-suffix_len]
         scale = get(prefix + scale_suffix)
-        per_tensor = get(prefix + PER_TENSOR_SUFFIX) if scale is None else None
-        if scale is None and per_tensor is not None and per_tensor.numel == 1 and len(per_tensor.shape) <= 2:
-            if per_tensor.dtype not in scale_dtypes:
-                raise ScaleDtypeError(
-                    f"{per_tensor.path.name}: {shown(per_tensor.name)} (a per-tensor scale) is {per_tensor.dtype}, "
-                    f"expected one of {', '.join(scale_dtypes)}"
-                )
-            linears[prefix] = new_linear(prefix, entry, per_tensor, get(prefix + ".bias"), entry.shape, Encoding.FP8_TILES)
-            continue
         if scale is None:
+            per_tensor = get(prefix + PER_TENSOR_SUFFIX)
+            if per_tensor is not None and per_tensor.numel == 1 and len(per_tensor.shape) <= 2:
+                if per_tensor.dtype not in scale_dtypes:
+                    raise ScaleDtypeError(
+                        f"{per_tensor.path.name}: {shown(per_tensor.name)} (a per-tensor scale) is {per_tensor.dtype}, "
+                        f"expected one of {', '.join(scale_dtypes)}"
+                    )
+                linears[prefix] = new_linear(prefix, entry, per_tensor, get(prefix + ".bias"), shape, Encoding.FP8_TILES)
+                continue
             raise MissingScaleError(
                 f"{entry.path.name}: F8_E4M3 weight {shown(name)} has no {shown(prefix + scale_suffix)} in any shard"
             )
@@ -156,12 +161,13 @@ def pair_fp8_linears(
             raise ScaleDtypeError(
                 f"{scale.path.name}: {shown(scale.name)} is {scale.dtype}, expected one of {', '.join(scale_dtypes)}"
             )
-        n, k = entry.shape
-        expected = (math.ceil(n / block[0]), math.ceil(k / block[1]))
+        expected = grids.get(shape)
+        if expected is None:
+            expected = grids[shape] = (-(-shape[0] // bn), -(-shape[1] // bk))
         if scale.shape != expected:
             raise ScaleShapeError(
                 f"{scale.path.name}: {shown(scale.name)} has shape {list(scale.shape)}, expected {list(expected)} "
-                f"for weight {list(entry.shape)} with {tile_key} {list(block)}"
+                f"for weight {list(shape)} with {tile_key} {list(block)}"
             )
         linears[prefix] = new_linear(prefix, entry, scale, get(prefix + ".bias"), block, Encoding.FP8_TILES)
     return linears
