@@ -241,6 +241,7 @@ class GroupDecision:
     members: list[str]
     keys: list
     outcomes: dict  # key -> (requested, reason)
+    mtp: int = 0  # members in a multi-token-prediction layer
 
     def counts(self) -> dict:
         """Members per outcome key."""
@@ -249,31 +250,70 @@ class GroupDecision:
         return Counter(self.keys)
 
 
-def decide_groups(
-    scheme: str, overrides: list[Override], facts: dict[str, ModuleFacts], groups: dict[str, list[str]]
-) -> dict[str, GroupDecision]:
-    """Every group's written type and each member's outcome: what decide_modules spells out per
-    module."""
-    if scheme not in SCHEMES:
-        raise BadOptionError(f"unknown scheme {scheme!r}", f"choose one of {', '.join(SCHEMES)}")
-    decided: dict[str, GroupDecision] = {}
+@dataclass(slots=True)
+class MemberClasses:
+    """A group's members by their facts, whatever the scheme (inspect decides seven schemes over the
+    same groups): member i's key (its facts object's id: equal facts are one object, see
+    module_facts), the first member of each key, and the distinct (K per rank, routed, K label)."""
+
+    members: list[str]
+    keys: list
+    firsts: dict  # key -> index of its first member
+    fits: list[tuple]
+    mtp: int  # members in a multi-token-prediction layer
+
+
+def member_classes(facts: dict[str, ModuleFacts], groups: dict[str, list[str]]) -> dict[str, MemberClasses]:
+    classes = {}
     for group, members in groups.items():
         member_facts = [facts[prefix] for prefix in members]
-        # Without overrides, what a linear asks for and fits depends on its facts alone: decided once
-        # per distinct facts object (module_facts shares equal ones), not once per expert
-        keys = [id(fact) for fact in member_facts] if not overrides else members
+        keys = list(map(id, member_facts))
+        firsts: dict = {}
+        for i, key in enumerate(keys):
+            if key not in firsts:
+                firsts[key] = i
+        fits = list(dict.fromkeys((member_facts[i].k, member_facts[i].routed, member_facts[i].k_label) for i in firsts.values()))
+        classes[group] = MemberClasses(members, keys, firsts, fits, sum(fact.mtp for fact in member_facts))
+    return classes
+
+
+def decide_groups(
+    scheme: str,
+    overrides: list[Override],
+    facts: dict[str, ModuleFacts],
+    groups: dict[str, list[str]],
+    classes: dict[str, MemberClasses] | None = None,
+) -> dict[str, GroupDecision]:
+    """Every group's written type and each member's outcome: what decide_modules spells out per
+    module. `classes`: member_classes(facts, groups), when known."""
+    if scheme not in SCHEMES:
+        raise BadOptionError(f"unknown scheme {scheme!r}", f"choose one of {', '.join(SCHEMES)}")
+    if overrides:  # a glob may single out any member: each is its own key
+        classes = {
+            group: MemberClasses(members, members, {m: i for i, m in enumerate(members)},
+                                 list(dict.fromkeys((facts[m].k, facts[m].routed, facts[m].k_label) for m in members)),
+                                 sum(facts[m].mtp for m in members))
+            for group, members in groups.items()
+        }
+    elif classes is None:
+        classes = member_classes(facts, groups)
+    decided: dict[str, GroupDecision] = {}
+    for group, members in groups.items():
+        shape = classes[group]
+        # what a linear asks for and fits depends on its facts alone (and on the overrides, which
+        # make every member its own key): decided once per key, for its first member
         asked: dict[object, tuple[tuple[str, str], tuple[str, str | None]]] = {}  # key -> (want, fit)
-        for prefix, fact, key in zip(members, member_facts, keys):
-            if key not in asked:
-                want = requested_type(prefix, scheme, overrides, fact.kept_float, fact.routed, fact.native)
-                asked[key] = want, best_feasible(want[0], fact.k, fact.routed, fact.k_label)
+        for key, i in shape.firsts.items():
+            fact = facts[members[i]]
+            want = requested_type(members[i], scheme, overrides, fact.kept_float, fact.routed, fact.native)
+            asked[key] = want, best_feasible(want[0], fact.k, fact.routed, fact.k_label)
         lowest = min((fit[0] for _, fit in asked.values()), key=RANK.__getitem__)
-        group_type = common_type(lowest, list(dict.fromkeys((f.k, f.routed, f.k_label) for f in member_facts)))
-        at = next((i for i, key in enumerate(keys) if asked[key][1][0] == group_type), None)
+        group_type = common_type(lowest, shape.fits)
+        at = min((shape.firsts[key] for key, (_, fit) in asked.items() if fit[0] == group_type), default=None)
         if at is None:  # no member fits the group's type on its own: the one that set `lowest` led there
-            at = next(i for i, key in enumerate(keys) if asked[key][1][0] == lowest)
+            at = min(shape.firsts[key] for key, (_, fit) in asked.items() if fit[0] == lowest)
         limiting = members[at]
-        limiting_want, limiting_fit = asked[keys[at]]
+        limiting_want, limiting_fit = asked[shape.keys[at]]
         # vllm-ascend reads a MoE layer's type from its first expert and a fused module's from one
         # member: the whole group takes the lowest type any member needs
         if group.endswith(".experts"):
@@ -291,7 +331,7 @@ def decide_groups(
             else:
                 reason = f"{joined} was requested as {limiting_want[0]} ({limiting_want[1]})"
             outcomes[key] = requested, reason
-        decided[group] = GroupDecision(group_type, members, keys, outcomes)
+        decided[group] = GroupDecision(group_type, members, shape.keys, outcomes, shape.mtp)
     return decided
 
 

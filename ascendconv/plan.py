@@ -29,12 +29,14 @@ from ascendconv.decide import (
     GENERIC_RULES,
     Deployment,
     GroupDecision,
+    MemberClasses,
     ModuleDecision,
     ModuleFacts,
     Override,
     best_feasible,
     decide_groups,
     group_members,
+    member_classes,
     module_decisions,
     module_facts,
     module_pattern,
@@ -235,10 +237,7 @@ class Plan:
 
     @functools.cached_property
     def _quantized_mtp_modules(self) -> int:
-        facts = self.facts
-        return sum(
-            sum(1 for prefix in group.members if facts[prefix].mtp) for group in self.groups.values() if group.written != FLOAT
-        )
+        return sum(group.mtp for group in self.groups.values() if group.written != FLOAT)
 
     @property
     def fallbacks(self) -> list[ModuleDecision]:
@@ -274,11 +273,26 @@ class Plan:
 
     def module_groups(self) -> dict[str, dict[str, int]]:
         """Source linears by name pattern (layer and expert numbers as '*'): written type -> count."""
-        groups: dict[str, dict[str, int]] = {}
-        for prefix, decision in sorted(self.decisions.items()):
-            types = groups.setdefault(module_pattern(prefix), {})
-            types[decision.written] = types.get(decision.written, 0) + 1
-        return dict(sorted(groups.items()))
+        patterns: dict[str, dict[str, list]] = {}  # pattern -> written type -> [count, first member by name]
+        for group in self.groups.values():
+            written = group.written
+            for prefix in group.members:
+                pattern = module_pattern(prefix)
+                types = patterns.get(pattern)
+                if types is None:
+                    types = patterns[pattern] = {}
+                slot = types.get(written)
+                if slot is None:
+                    types[written] = [1, prefix]
+                else:
+                    slot[0] += 1
+                    if prefix < slot[1]:
+                        slot[1] = prefix
+        # the types of a pattern in the order of their first members by name
+        return {
+            pattern: {t: slot[0] for t, slot in sorted(types.items(), key=lambda item: item[1][1])}
+            for pattern, types in sorted(patterns.items())
+        }
 
     def tensor_counts(self) -> dict[str, int]:
         """Package tensors per description label."""
@@ -374,22 +388,23 @@ def mx_tensors(written: str, n: int, k: int, native: str | None) -> tuple:
 def output_tensors(
     tensors: dict[str, TensorEntry],
     linears: dict[str, SourceLinear],
-    decisions: dict[str, ModuleDecision],
+    written_as: dict[str, str],
     layout: list | None = None,
     added: list[AddedTensor] = (),
 ) -> list[OutputTensor]:
     """Every package tensor, in source order so that reading the source stays sequential, then the
-    tensors the package adds (byte copies of a source tensor under another name)."""
+    tensors the package adds (byte copies of a source tensor under another name). `written_as`:
+    each linear's written type, by module prefix."""
     out: list[OutputTensor] = []
     add = out.append
     for name, entry, prefix, bias_of in layout if layout is not None else source_layout(tensors, linears):
         if prefix is None:
-            if bias_of is not None and decisions[bias_of].written != FLOAT:
+            if bias_of is not None and written_as[bias_of] != FLOAT:
                 add(OutputTensor(name, "F32", entry.shape, FLOAT, OutputKind.BIAS_F32, name, 4 * entry.numel))
             else:
                 add(OutputTensor(name, entry.dtype, entry.shape, FLOAT, OutputKind.COPY, name, entry.nbytes))
             continue
-        written = decisions[prefix].written
+        written = written_as[prefix]
         linear = linears[prefix]
         weight = prefix + ".weight"  # the source may name it otherwise (compressed-tensors: weight_packed)
         if written == FLOAT:
@@ -523,7 +538,7 @@ class Planner:
             raise BadOptionError(f"unknown resolve dtype {resolve_dtype!r}", "choose bf16 or fp32")
         if max_shard_size < 0:
             raise BadOptionError("--max-shard-size must not be negative")
-        groups = decide_groups(scheme, overrides or [], self.facts, self.groups)
+        groups = decide_groups(scheme, overrides or [], self.facts, self.groups, None if overrides else self.classes)
         plan = Plan(
             scheme=scheme,
             scale_rule=scale_rule,
@@ -531,7 +546,7 @@ class Planner:
             max_shard_size=max_shard_size,
             groups=groups,
             figures=self.figures(groups, max_shard_size),
-            place=lambda: self.place(plan.decisions, max_shard_size),
+            place=lambda: self.place(plan.groups, max_shard_size),
             copied_files=list(self.copied_files),
             bytes_in=self.bytes_in,
             skipped_files=dict(self.skipped_files),
@@ -548,9 +563,14 @@ class Planner:
 
 
     @functools.cached_property
-    def _sizes(self) -> tuple[list, list, dict]:
+    def classes(self) -> dict[str, MemberClasses]:
+        """The groups' members by their facts, shared by every plan without overrides."""
+        return member_classes(self.facts, self.groups)
+
+    @functools.cached_property
+    def _sizes(self) -> tuple[list, list]:
         """What each layout item's bytes depend on, for `figures`: (the group whose type decides them
-        (None: none does), the item's size class, class -> {written type -> bytes})."""
+        (None: none does), {written type -> the item's bytes}, one dict per size class of items)."""
         sizes: dict[tuple, dict[str, int]] = {}
         item_groups, item_classes = [], []
         for name, entry, prefix, bias_of in self.layout:
@@ -578,22 +598,23 @@ class Planner:
                         sizes[key][quant_type] = made[2] + made[6]
             item_groups.append(self.facts[prefix].group)
             item_classes.append(key)
-        return item_groups, item_classes, sizes
+        return item_groups, list(map(sizes.__getitem__, item_classes))
 
     @gc_paused()
-    def place(self, decisions: dict[str, ModuleDecision], max_shard_size: int) -> tuple[list[OutputTensor], list[ShardPlan]]:
+    def place(self, groups: dict[str, GroupDecision], max_shard_size: int) -> tuple[list[OutputTensor], list[ShardPlan]]:
         """The package's tensors, in write order, and its shards."""
-        return assign_shards(output_tensors(self.tensors, self.linears, decisions, self.layout, self.added), max_shard_size)
+        written = {prefix: group.written for group in groups.values() for prefix in group.members}
+        return assign_shards(output_tensors(self.tensors, self.linears, written, self.layout, self.added), max_shard_size)
 
     def figures(self, groups: dict[str, GroupDecision], max_shard_size: int) -> PlanFigures:
         """What `place` makes, counted: tensors per label, bytes and shards, from each layout item's
         size under its group's type (the branches of output_tensors, a unit per MX payload and its
         scale), looked up at C speed."""
-        item_groups, item_classes, sizes = self._sizes
+        item_groups, item_sizes = self._sizes
         written = {name: group.written for name, group in groups.items()}
         written[None] = FLOAT
         types = list(map(written.__getitem__, item_groups))
-        units = list(map(dict.__getitem__, map(sizes.__getitem__, item_classes), types))
+        units = list(map(dict.__getitem__, item_sizes, types))
         units += [self.tensors[extra.source].nbytes for extra in self.added]
         counts = dict.fromkeys(QUANT_TYPES, 0)
         for group in groups.values():

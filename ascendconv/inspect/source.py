@@ -48,9 +48,7 @@ def inspect_source(root: Path, glob: str | None, deployment: Deployment) -> Insp
         shared = shared_experts(planner.facts, planner.rules)
         for scheme in SCHEMES:
             plan = planner.plan(scheme)
-            written[scheme] = {}
-            for group in plan.groups.values():
-                written[scheme].update(dict.fromkeys(group.members, group.written))
+            written[scheme] = {name: group.written for name, group in plan.groups.items()}
             estimates[scheme] = SchemeEstimate(
                 scheme=scheme,
                 model_quant_type=plan.model_quant_type,
@@ -97,6 +95,7 @@ def inspect_source(root: Path, glob: str | None, deployment: Deployment) -> Insp
                 modules,
                 lambda m: MX_SOURCE_LABELS.get(source.linears[m].encoding, FP8_BLOCK) if m in source.linears else FLOAT,
                 written,
+                {prefix: fact.group for prefix, fact in planner.facts.items()},
             ),
             schemes=estimates,
             tensor_filter=glob,
