@@ -206,9 +206,19 @@ def module_facts(
     so that decide_modules decides each distinct one once."""
     facts = {}
     interned: dict[tuple, ModuleFacts] = {}
+    # A routed expert's facts are its layer's, projection's and weight's: every rule reads a name's
+    # start (roots, MTP layers) or its ending (tp roles, FLOAT rules, none of which holds a number),
+    # never the expert number. One lookup, then, for all but the first expert of each.
+    routed_facts: dict[tuple, ModuleFacts] = {}
     for prefix, linear in linears.items():
         expert = rules.routed_expert(prefix)
         routed = expert is not None
+        if routed:
+            same = (expert["layer"], expert["proj"], linear.weight.shape, linear.encoding)
+            fact = routed_facts.get(same)
+            if fact is not None:
+                facts[prefix] = fact
+                continue
         group = expert["layer"] + ".experts" if routed else rules.fused_group(prefix)
         if deployment.shared_experts_as_routed and not routed:
             shared_in = rules.shared_expert_layer(prefix)
@@ -222,6 +232,8 @@ def module_facts(
         if fact is None:
             fact = interned[key] = ModuleFacts(*key)
         facts[prefix] = fact
+        if routed:
+            routed_facts[same] = fact
     return facts
 
 

@@ -53,8 +53,8 @@ def check_part_count(count: int, shards: int, option: str) -> None:
 
 def part_shards(plan: Plan, part: tuple[int, int] | None) -> list[int]:
     """The shard numbers a run writes: all of them, or part I of N's."""
-    if part is None:
-        return list(range(len(plan.shards)))
+    if part is None:  # counted, not placed: a dry run never places the tensors it does not show
+        return list(range(plan.figures.shards))
     number, count = part
     check_part_count(count, len(plan.shards), f"--part {number}/{count}")
     return assign_parts([s.nbytes for s in plan.shards], count)[number - 1]

@@ -147,6 +147,8 @@ class Plan:
     # the ones the drafter needs that --no-mtp-heads leaves out
     added: list[AddedTensor] = field(default_factory=list)
     heads_left_out: list[AddedTensor] = field(default_factory=list)
+    # (file, tensors, bytes) of each shard, counted without placing the tensors (Planner.count_shards)
+    count_shards: Callable[[], list[tuple[str, int, int]]] | None = field(default=None, repr=False, compare=False)
 
     @functools.cached_property
     def decisions(self) -> dict[str, ModuleDecision]:
@@ -165,6 +167,13 @@ class Plan:
     @property
     def shards(self) -> list[ShardPlan]:
         return self._placed[1]
+
+    def shard_rows(self) -> list[tuple[str, int, int]]:
+        """(file, tensors, bytes) of each shard: what a dry run shows, without placing the plan's
+        hundreds of thousands of tensors unless they are placed already."""
+        if "_placed" in self.__dict__ or self.count_shards is None:
+            return [(shard.file, len(shard.tensors), shard.nbytes) for shard in self.shards]
+        return self.count_shards()
 
     @property
     def warnings(self) -> list[str]:
@@ -303,9 +312,21 @@ class Plan:
         return {t.name: t.conversion for t in self.tensors if t.conversion is not None}
 
     def conversion_counts(self) -> dict[str, int]:
+        """MX payloads relaid and requantized, from each MX linear's facts (no tensor is placed)."""
         counts = {RELAID: 0, REQUANTIZED: 0}
-        for conversion in self.conversions().values():
-            counts[conversion] += 1
+        facts = self.facts
+        for group in self.groups.values():
+            if group.written == FLOAT:
+                continue
+            kinds: dict[int, str] = {}  # id of a facts object (members share them) -> its conversion
+            for prefix in group.members:
+                fact = facts[prefix]
+                kind = kinds.get(id(fact))
+                if kind is None:
+                    n, k = fact.shape
+                    relaid = mx_tensors(group.written, n, k, fact.native)[3] is OutputKind.MX_RELAID
+                    kind = kinds[id(fact)] = RELAID if relaid else REQUANTIZED
+                counts[kind] += 1
         return counts
 
     def conversion_groups(self) -> dict[str, dict[str, int]]:
@@ -547,6 +568,7 @@ class Planner:
             groups=groups,
             figures=self.figures(groups, max_shard_size),
             place=lambda: self.place(plan.groups, max_shard_size),
+            count_shards=lambda: self.count_shards(plan.groups, max_shard_size),
             copied_files=list(self.copied_files),
             bytes_in=self.bytes_in,
             skipped_files=dict(self.skipped_files),
@@ -568,9 +590,10 @@ class Planner:
         return member_classes(self.facts, self.groups)
 
     @functools.cached_property
-    def _sizes(self) -> tuple[list, list]:
+    def _sizes(self) -> tuple[list, list, list]:
         """What each layout item's bytes depend on, for `figures`: (the group whose type decides them
-        (None: none does), {written type -> the item's bytes}, one dict per size class of items)."""
+        (None: none does), {written type -> the item's bytes}, one dict per size class of items,
+        whether it is a linear's weight: two tensors, payload and scale, when written MX)."""
         sizes: dict[tuple, dict[str, int]] = {}
         item_groups, item_classes = [], []
         for name, entry, prefix, bias_of in self.layout:
@@ -598,7 +621,7 @@ class Planner:
                         sizes[key][quant_type] = made[2] + made[6]
             item_groups.append(self.facts[prefix].group)
             item_classes.append(key)
-        return item_groups, list(map(sizes.__getitem__, item_classes))
+        return item_groups, list(map(sizes.__getitem__, item_classes)), [key[0] == "linear" for key in item_classes]
 
     @gc_paused()
     def place(self, groups: dict[str, GroupDecision], max_shard_size: int) -> tuple[list[OutputTensor], list[ShardPlan]]:
@@ -610,12 +633,7 @@ class Planner:
         """What `place` makes, counted: tensors per label, bytes and shards, from each layout item's
         size under its group's type (the branches of output_tensors, a unit per MX payload and its
         scale), looked up at C speed."""
-        item_groups, item_sizes = self._sizes
-        written = {name: group.written for name, group in groups.items()}
-        written[None] = FLOAT
-        types = list(map(written.__getitem__, item_groups))
-        units = list(map(dict.__getitem__, item_sizes, types))
-        units += [self.tensors[extra.source].nbytes for extra in self.added]
+        types, units = self._units(groups)
         counts = dict.fromkeys(QUANT_TYPES, 0)
         for group in groups.values():
             if group.written != FLOAT:
@@ -623,6 +641,31 @@ class Planner:
         counts[FLOAT] = len(units) - sum(counts.values()) // 2
         shards = len(shard_cuts(units, max_shard_size)) if max_shard_size else 1
         return PlanFigures(counts, sum(units), shards)
+
+    def _units(self, groups: dict[str, GroupDecision]) -> tuple[list[str], list[int]]:
+        """Each layout item's written type, and the bytes of each unit `assign_shards` places (an
+        item, then each added tensor)."""
+        item_groups, item_sizes, _ = self._sizes
+        written = {name: group.written for name, group in groups.items()}
+        written[None] = FLOAT
+        types = list(map(written.__getitem__, item_groups))
+        units = list(map(dict.__getitem__, item_sizes, types))
+        units += [self.tensors[extra.source].nbytes for extra in self.added]
+        return types, units
+
+    def count_shards(self, groups: dict[str, GroupDecision], max_shard_size: int) -> list[tuple[str, int, int]]:
+        """(file, tensors, bytes) of each shard `place` would make, from the units alone."""
+        types, units = self._units(groups)
+        tensors = [2 if linear and written != FLOAT else 1 for linear, written in zip(self._sizes[2], types)]
+        tensors += [1] * len(self.added)
+        if max_shard_size == 0:
+            return [(SINGLE_SHARD_NAME, sum(tensors), sum(units))]
+        cuts = shard_cuts(units, max_shard_size) + [len(units)]
+        total = len(cuts) - 1
+        return [
+            (SHARD_NAME.format(i + 1, total), sum(tensors[cuts[i] : cuts[i + 1]]), sum(units[cuts[i] : cuts[i + 1]]))
+            for i in range(total)
+        ]
 
 
 def make_plan(

@@ -7,6 +7,7 @@ from hypothesis import given, strategies as st
 
 from ascendconv.errors import BadOptionError
 from ascendconv.models import (
+    FAMILIES,
     INDEXER_WK_REASON,
     KV_B_REASON,
     MTP_REASON,
@@ -16,7 +17,7 @@ from ascendconv.models import (
 )
 from ascendconv.decide import Deployment, Override
 
-from test_plan import fp8, moe_layer, plan_of, written
+from test_plan import entries, fp8, moe_layer, plan_of, written
 
 DEEPSEEK = {"model_type": "deepseek_v3", "num_hidden_layers": 1, "num_nextn_predict_layers": 1, "n_routed_experts": 2}
 
@@ -306,3 +307,28 @@ def test_roots_and_vision_of_the_vision_language_families():
     assert m3.tp_role("language_model.model.layers.5.self_attn.index_k_proj") == "replicated"
     assert m3.is_mtp("language_model.model.layers.60.self_attn.q_proj")  # numbered after the decoder, under its root
     assert m3.indexer_of("language_model.model.layers.5.self_attn.index_q_proj") == "language_model.model.layers.5.self_attn"
+
+
+@pytest.mark.parametrize("model_type", sorted({t for f in FAMILIES for t in f.model_types}) + ["mystery"])
+@pytest.mark.parametrize("deployment", [Deployment(), Deployment(tp=4), Deployment(tp=4, ep=True, shared_experts_as_routed=True)])
+def test_routed_experts_share_facts_as_if_each_were_decided_alone(model_type, deployment):
+    """module_facts looks a routed expert's facts up by layer, projection and weight: the same facts
+    as deciding each expert alone, in every family (its roots, MTP layers, tp and FLOAT rules)."""
+    from ascendconv.decide import module_facts
+    from ascendconv.sources.hf_fp8_block import pair_fp8_linears
+
+    config = {"model_type": model_type, "num_hidden_layers": 2, "num_nextn_predict_layers": 1}
+    rules = rules_for(config)
+    spec = {}
+    roots = rules.family.roots or ("model.",)
+    for root in {*roots, rules.family.mtp_prefix or roots[0], *rules.family.float_roots}:
+        for layer in (0, 2):  # a decoder layer and the MTP layer after it
+            for names in rules.family.expert_projections or (("gate_proj", "up_proj", "down_proj"),):
+                for expert in (0, 7, 10):
+                    for proj, (n, k) in zip(names, ((256, 512), (256, 512), (512, 256))):
+                        spec.update(fp8(f"{root}layers.{layer}.mlp.experts.{expert}.{proj}", n, k))
+    linears = pair_fp8_linears(entries(spec), (128, 128))
+    together = module_facts(linears, rules, deployment)
+    assert {p: module_facts({p: linear}, rules, deployment)[p] for p, linear in linears.items()} == together
+    moe = bool(rules.family.expert_projections)
+    assert sum(1 for p in linears if rules.routed_expert(p)) == (len(linears) if moe else 0)

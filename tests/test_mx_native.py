@@ -464,3 +464,22 @@ def test_an_mx_moe_layer_the_config_disagrees_with_is_refused_as_verify_would(tm
     config = json.loads((src / "config.json").read_text())
     (src / "config.json").write_text(json.dumps({**config, "num_experts": experts}))
     refused(src, tmp_path, IncompleteMoEError, ["model.layers.0.mlp has 4 experts but config.json says " + str(experts)])
+
+
+@pytest.mark.parametrize("name", ["ct-mixed", "quark"])
+def test_dry_run_counts_of_an_mx_source_are_the_placed_ones(tmp_path, name):
+    """What a dry run shows without placing tensors (shard rows, relaid / requantized payloads)
+    equals the placed plan, for MX sources whose payloads are partly relaid, under every scheme."""
+    from ascendconv.decide import SCHEMES, Deployment
+    from ascendconv.plan import Planner
+    from ascendconv.sources import open_source
+    from test_plan import assert_figures_count_the_tensors
+
+    source = open_source(make(tmp_path, name))
+    planner = Planner.for_source(source, Deployment())
+    relaid = 0
+    for scheme in SCHEMES:
+        plan = planner.plan(scheme, max_shard_size=200_000)
+        relaid += plan.conversion_counts()["relaid"]
+        assert_figures_count_the_tensors(plan)
+    assert relaid > 0

@@ -282,7 +282,14 @@ def counted(plan) -> tuple[dict[str, int], int, int]:
 
 
 def assert_figures_count_the_tensors(plan) -> None:
+    rows, conversions = plan.shard_rows(), plan.conversion_counts()  # before the plan is placed
     assert (plan.figures.tensors, plan.figures.bytes_out, plan.figures.shards) == counted(plan)
+    assert rows == [(s.file, len(s.tensors), s.nbytes) for s in plan.shards] == plan.shard_rows()
+    placed = {"relaid": 0, "requantized": 0}
+    for tensor in plan.tensors:
+        if tensor.conversion:
+            placed[tensor.conversion] += 1
+    assert conversions == placed
     assert plan.model_quant_type == max({t.quant_type for t in plan.tensors}, key=RANK.__getitem__)
     assert sum(len(s.tensors) for s in plan.shards) == len(plan.tensors)
 

@@ -97,6 +97,11 @@ def test_index_that_disagrees_with_the_shards(fixture_copy):
     index_path.write_text(json.dumps(index))
     with pytest.raises(IndexMismatchError, match="missing from the index"):
         Source.open(src)
+    # as many names as the shards hold, one of them renamed: the shards' name is missing from it
+    index["weight_map"][name + "_renamed"] = file
+    index_path.write_text(json.dumps(index))
+    with pytest.raises(IndexMismatchError, match=f"{name}_renamed.*mapped to '{file}' but no shard holds it"):
+        Source.open(src)
 
 
 def test_hf_cache_resolution(tmp_path, monkeypatch):

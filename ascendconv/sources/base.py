@@ -63,8 +63,10 @@ class SourceLinear:
     @property
     def shape(self) -> tuple[int, int]:
         """[N, K] of the values (a packed E2M1 weight stores K/2 bytes per row)."""
-        n, k = shape = self.weight.shape
-        return (n, 2 * k) if self.encoding is Encoding.MX_E2M1 else shape
+        if self.encoding is Encoding.MX_E2M1:
+            n, k = self.weight.shape
+            return n, 2 * k
+        return self.weight.shape
 
     @property
     def native(self) -> str | None:

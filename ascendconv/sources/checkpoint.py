@@ -4,6 +4,8 @@ modules of this package read their own config keys and pair their own tensors (`
 
 from __future__ import annotations
 
+import itertools
+import operator
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -135,7 +137,8 @@ def _index_agrees(headers: list[SafetensorsHeader], weight_map: dict[str, str], 
     merge_headers has nothing to name)."""
     get = weight_map.get
     return len(weight_map) == count and all(
-        all(get(name) == file for name in header.tensors) for header in headers for file in (header.path.name,)
+        # operator.eq, not str.__eq__: that says NotImplemented (true) to a name the index lacks
+        all(map(operator.eq, itertools.repeat(header.path.name), map(get, header.tensors))) for header in headers
     )
 
 

@@ -40,7 +40,7 @@ def render_convert(result, out: Console, err: Console, source: str = "SRC") -> N
         print_table(out, ["tensor", "relaid", "requantized"], rows, right=(1, 2))
     if result.dry_run:
         section(out, f"shards (limit {human_bytes(plan.max_shard_size) if plan.max_shard_size else 'none'})")
-        rows = [[s.file, str(len(s.tensors)), human_bytes(s.nbytes)] for s in plan.shards]
+        rows = [[file, str(tensors), human_bytes(nbytes)] for file, tensors, nbytes in plan.shard_rows()]
         print_table(out, ["file", "tensors", "bytes"], rows, right=(1, 2))
     kept = plan.kept_float()
     if kept:
