@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+import functools
 from functools import cached_property
 
 from ascendconv.families import (
@@ -29,6 +30,7 @@ __all__ = [
     "AddedTensor", "Family", "ModelRules", "config_value", "expert_count", "model_type_of", "rules_for",
 ]  # fmt: skip
 
+ROUTED_MEMO_LIMIT = 2**20  # names remembered by routed_expert: past any checkpoint, bounded for a long-lived caller
 EXPERT_COUNT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts")
 _BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
 
@@ -142,17 +144,28 @@ class ModelRules:
         """A routed expert's projection as gate_proj / up_proj / down_proj, whatever the family names it."""
         return self._roles[proj]
 
+    @cached_property
+    def _routed_memo(self) -> dict:
+        return {}
+
     def routed_expert(self, prefix: str) -> dict[str, str] | None:
         """{'layer', 'expert', 'proj'} if `prefix` is a routed expert's projection
-        (`<layer>.experts.<digits>.<proj>`), else None. String operations, not a pattern: planning
-        asks this of every linear of a full-scale checkpoint, a few hundred thousand times."""
+        (`<layer>.experts.<digits>.<proj>`), else None; the same (unchanged) dict for the same name.
+        String operations, not a pattern, and remembered: a full-scale checkpoint's checks, planner
+        and inspect ask this of each of its linears."""
+        memo = self._routed_memo
+        found = memo.get(prefix, memo)
+        if found is not memo:
+            return found
         head, _, proj = prefix.rpartition(".")
-        if proj not in self._expert_projections:
-            return None
-        block, _, expert = head.rpartition(".")
-        if not (expert.isdecimal() and block.endswith(".experts") and len(block) > 8) or "\n" in block:
-            return None
-        return {"layer": block[:-8], "expert": expert, "proj": proj}
+        found = None
+        if proj in self._expert_projections:
+            block, _, expert = head.rpartition(".")
+            if expert.isdecimal() and block.endswith(".experts") and len(block) > 8 and "\n" not in block:
+                found = {"layer": block[:-8], "expert": expert, "proj": proj}
+        if len(memo) < ROUTED_MEMO_LIMIT:
+            memo[prefix] = found
+        return found
 
     def shared_expert_layer(self, prefix: str) -> str | None:
         """The MoE block (e.g. 'model.layers.3.mlp') whose shared expert `prefix` belongs to."""
@@ -231,10 +244,11 @@ class ModelRules:
 
 def rules_for(config: dict | None) -> ModelRules:
     config = config or {}
-    model_type = model_type_of(config)
-    return ModelRules(
-        model_type=model_type,
-        family=_BY_TYPE.get(model_type, GENERIC),
-        num_hidden_layers=_int(config, "num_hidden_layers"),
-        mtp_layer_count=_int(config, "num_nextn_predict_layers") or 0,
-    )
+    return _rules(model_type_of(config), _int(config, "num_hidden_layers"), _int(config, "num_nextn_predict_layers") or 0)
+
+
+@functools.lru_cache(maxsize=4)
+def _rules(model_type: str | None, num_hidden_layers: int | None, mtp_layer_count: int) -> ModelRules:
+    """The rules are a function of these three config values: one object per checkpoint, so that
+    the source's checks, the planner and inspect share its memo of names (`routed_expert`)."""
+    return ModelRules(model_type, _BY_TYPE.get(model_type, GENERIC), num_hidden_layers, mtp_layer_count)

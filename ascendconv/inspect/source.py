@@ -21,6 +21,7 @@ from ascendconv.inspect.summary import (
     natural_key,
 )
 from ascendconv.sources import Encoding, open_source
+from ascendconv.sources.base import WEIGHT_SUFFIX
 from ascendconv.sources.checkpoint import INDEX_NAME as SOURCE_INDEX_NAME
 from ascendconv.models import ModelRules, rules_for
 from ascendconv.decide import SCHEMES, Deployment, ModuleFacts, group_members, module_pattern
@@ -34,13 +35,11 @@ def inspect_source(root: Path, glob: str | None, deployment: Deployment) -> Insp
     try:
         scale_names = source.scale_names
         # each linear's weight and scale by what they hold: block FP8, or (an MX source) MXFP4 / MXFP8
-        labels = {
-            t.name: MX_SOURCE_LABELS.get(linear.encoding, FP8_BLOCK)
+        labels = _Labels(
+            (t.name, MX_SOURCE_LABELS.get(linear.encoding, FP8_BLOCK))
             for linear in source.linears.values() for t in (linear.weight, linear.scale) if t is not None
-        }
-
-        def quant_type_of(name: str) -> str:
-            return labels.get(name, FLOAT)
+        )
+        quant_type_of = labels.__getitem__  # at C speed: a few hundred thousand tensors
 
         estimates: dict[str, SchemeEstimate] = {}
         written: dict[str, dict[str, str]] = {}
@@ -63,9 +62,12 @@ def inspect_source(root: Path, glob: str | None, deployment: Deployment) -> Insp
                 kept_float=plan.kept_float(),
                 runtime=runtime_notes(plan, shared),
             )
-        # by the package's weight names (an MX source may store `weight_packed`)
-        package_names = {linear.weight.name: linear.prefix + ".weight" for linear in source.linears.values()}
-        modules = _module_weights({package_names.get(n, n): e for n, e in source.tensors.items() if n not in scale_names})
+        # each linear by its weight (an MX source may store `weight_packed`; the package names it
+        # `.weight`), then every other module's 2-D-or-more weight
+        modules = {prefix: linear.weight for prefix, linear in source.linears.items()}
+        for prefix, entry in _module_weights(source.tensors).items():
+            if prefix not in modules and prefix + WEIGHT_SUFFIX not in scale_names:
+                modules[prefix] = entry
         by_dtype, by_type = _tally(source.tensors, quant_type_of)
         rules = rules_for(source.config)
         structure = _structure(source.tensors, rules)
@@ -93,7 +95,7 @@ def inspect_source(root: Path, glob: str | None, deployment: Deployment) -> Insp
             fp8_linears=len(source.linears),
             groups=_groups(
                 modules,
-                lambda m: MX_SOURCE_LABELS.get(source.linears[m].encoding, FP8_BLOCK) if m in source.linears else FLOAT,
+                _Labels((p, MX_SOURCE_LABELS.get(lin.encoding, FP8_BLOCK)) for p, lin in source.linears.items()).__getitem__,
                 written,
                 {prefix: fact.group for prefix, fact in planner.facts.items()},
             ),
@@ -103,6 +105,13 @@ def inspect_source(root: Path, glob: str | None, deployment: Deployment) -> Insp
         )
     finally:
         source.close()
+
+
+class _Labels(dict):
+    """Tensor name -> its source quant type; FLOAT for a tensor of no quantized linear."""
+
+    def __missing__(self, name: str) -> str:
+        return FLOAT
 
 
 def runtime_notes(plan: Plan, shared: dict[str, str] | None = None) -> list[str]:

@@ -4,8 +4,6 @@ model, tensors and bytes per dtype and per quant type, the layer structure, modu
 from __future__ import annotations
 
 import fnmatch
-import itertools
-import operator
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -143,18 +141,40 @@ def _groups(
 ) -> list[ModuleGroup]:
     """Modules by name pattern: counts per source type and dtype, and with `scheme_types` (scheme ->
     decision group -> written type) and `group_of` (module -> its decision group; a module not in it
-    is FLOAT under every scheme) per scheme, counted per decision group (100,000 modules, each of
-    seven schemes, fall into a few thousand groups)."""
-    grouped: dict[str, list[str]] = {}
-    for prefix in modules:
-        grouped.setdefault(module_pattern(prefix), []).append(prefix)
+    is FLOAT under every scheme) per scheme. One pass tallies each pattern's modules by (decision
+    group, type, dtype): 100,000 modules, each of seven schemes, fall into a few thousand tallies."""
+    group_get = (group_of or {}).get
+    patterns: dict[str, dict[tuple, int]] = {}
+    expert_patterns: dict[tuple[str, str], str] = {}  # (MoE layer group, projection) -> pattern
+    for prefix, entry in modules.items():
+        group = group_get(prefix)
+        pattern = None
+        if group is not None and group.endswith(".experts") and prefix.startswith(group) and prefix[len(group)] == ".":
+            # `<group>.<N>.<proj>`: the group's pattern, '*' and the projection, found once per pair
+            number, _, proj = prefix[len(group) + 1 :].partition(".")
+            if number.isdecimal() and proj and "." not in proj and not proj.isdecimal():
+                pattern = expert_patterns.get((group, proj))
+                if pattern is None:
+                    pattern = expert_patterns[(group, proj)] = module_pattern(prefix)
+        if pattern is None:
+            pattern = module_pattern(prefix)
+        tally = patterns.get(pattern)
+        if tally is None:
+            tally = patterns[pattern] = {}
+        key = (group, type_of(prefix) or UNDESCRIBED, entry.dtype)
+        tally[key] = tally.get(key, 0) + 1
     groups = []
-    dtype = operator.attrgetter("dtype")
-    for pattern in sorted(grouped, key=natural_key):
-        members = grouped[pattern]
+    for pattern in sorted(patterns, key=natural_key):
+        tally = patterns[pattern]
+        types: dict[str, int] = {}
+        dtypes: dict[str, int] = {}
+        decided: dict[str | None, int] = {}
+        for (group, quant_type, dtype), count in tally.items():
+            types[quant_type] = types.get(quant_type, 0) + count
+            dtypes[dtype] = dtypes.get(dtype, 0) + count
+            decided[group] = decided.get(group, 0) + count
         schemes = None
         if scheme_types is not None:
-            decided = Counter(map(group_of.get, members))  # decision group (None: no linear) -> members
             schemes = {}
             for scheme, written in scheme_types.items():
                 counts: dict[str, int] = {}
@@ -162,15 +182,7 @@ def _groups(
                     quant_type = FLOAT if group is None else written[group]
                     counts[quant_type] = counts.get(quant_type, 0) + count
                 schemes[scheme] = _ordered(counts)
-        groups.append(
-            ModuleGroup(
-                pattern,
-                len(members),
-                _count(type_of(m) or UNDESCRIBED for m in members),
-                _count(map(dtype, map(modules.__getitem__, members))),
-                schemes,
-            )
-        )
+        groups.append(ModuleGroup(pattern, sum(types.values()), _ordered(types), _ordered(dtypes), schemes))
     return groups
 
 
