@@ -596,6 +596,8 @@ class Planner:
         whether it is a linear's weight: two tensors, payload and scale, when written MX)."""
         sizes: dict[tuple, dict[str, int]] = {}
         item_groups, item_classes = [], []
+        facts, linears = self.facts, self.linears
+        linear_keys: dict[tuple, tuple] = {}
         for name, entry, prefix, bias_of in self.layout:
             if prefix is None:
                 if bias_of is None:
@@ -610,17 +612,22 @@ class Planner:
                         sizes[key] = dict.fromkeys(QUANT_TYPES, 4 * entry.numel) | {FLOAT: entry.nbytes}
                 item_classes.append(key)
                 continue
-            linear = self.linears[prefix]
-            n, k = linear.shape
-            key = ("linear", n, k, linear.native, entry.nbytes if linear.copied_when_float else 2 * n * k)
-            if key not in sizes:
-                sizes[key] = {FLOAT: key[4]}
-                for quant_type in QUANT_TYPES:
-                    if quant_type != FLOAT:
-                        made = mx_tensors(quant_type, n, k, linear.native)
-                        sizes[key][quant_type] = made[2] + made[6]
-            item_groups.append(self.facts[prefix].group)
-            item_classes.append(key)
+            # a linear's sizes follow from its facts (shape, native type, group) and whether its FLOAT
+            # bytes are the source's: found once per facts object (the experts of a layer share a few)
+            fact, copied = facts[prefix], linears[prefix].copied_when_float
+            seen = linear_keys.get((id(fact), copied, entry.nbytes))
+            if seen is None:
+                n, k = fact.shape
+                key = ("linear", n, k, fact.native, entry.nbytes if copied else 2 * n * k)
+                if key not in sizes:
+                    sizes[key] = {FLOAT: key[4]}
+                    for quant_type in QUANT_TYPES:
+                        if quant_type != FLOAT:
+                            made = mx_tensors(quant_type, n, k, fact.native)
+                            sizes[key][quant_type] = made[2] + made[6]
+                seen = linear_keys[(id(fact), copied, entry.nbytes)] = (fact.group, key)
+            item_groups.append(seen[0])
+            item_classes.append(seen[1])
         return item_groups, list(map(sizes.__getitem__, item_classes)), [key[0] == "linear" for key in item_classes]
 
     @gc_paused()
