@@ -275,11 +275,15 @@ class MemberClasses:
     mtp: int  # members in a multi-token-prediction layer
 
 
-def member_classes(facts: dict[str, ModuleFacts], groups: dict[str, list[str]]) -> dict[str, MemberClasses]:
+def member_classes(
+    facts: dict[str, ModuleFacts], groups: dict[str, list[str]], each_alone: bool = False
+) -> dict[str, MemberClasses]:
+    """Each group's MemberClasses; `each_alone`: every member its own key (its name), as overrides,
+    which may single out any member, need."""
     classes = {}
     for group, members in groups.items():
         member_facts = [facts[prefix] for prefix in members]
-        keys = list(map(id, member_facts))
+        keys = members if each_alone else list(map(id, member_facts))
         firsts: dict = {}
         for i, key in enumerate(keys):
             if key not in firsts:
@@ -300,15 +304,8 @@ def decide_groups(
     module. `classes`: member_classes(facts, groups), when known."""
     if scheme not in SCHEMES:
         raise BadOptionError(f"unknown scheme {scheme!r}", f"choose one of {', '.join(SCHEMES)}")
-    if overrides:  # a glob may single out any member: each is its own key
-        classes = {
-            group: MemberClasses(members, members, {m: i for i, m in enumerate(members)},
-                                 list(dict.fromkeys((facts[m].k, facts[m].routed, facts[m].k_label) for m in members)),
-                                 sum(facts[m].mtp for m in members))
-            for group, members in groups.items()
-        }
-    elif classes is None:
-        classes = member_classes(facts, groups)
+    if overrides or classes is None:
+        classes = member_classes(facts, groups, each_alone=bool(overrides))
     decided: dict[str, GroupDecision] = {}
     for group, members in groups.items():
         shape = classes[group]

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-import functools
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 from ascendconv.families import (
     FAMILIES,
@@ -247,7 +246,7 @@ def rules_for(config: dict | None) -> ModelRules:
     return _rules(model_type_of(config), _int(config, "num_hidden_layers"), _int(config, "num_nextn_predict_layers") or 0)
 
 
-@functools.lru_cache(maxsize=4)
+@lru_cache(maxsize=4)
 def _rules(model_type: str | None, num_hidden_layers: int | None, mtp_layer_count: int) -> ModelRules:
     """The rules are a function of these three config values: one object per checkpoint, so that
     the source's checks, the planner and inspect share its memo of names (`routed_expert`)."""

@@ -145,19 +145,9 @@ def _groups(
     group, type, dtype): 100,000 modules, each of seven schemes, fall into a few thousand tallies."""
     group_get = (group_of or {}).get
     patterns: dict[str, dict[tuple, int]] = {}
-    expert_patterns: dict[tuple[str, str], str] = {}  # (MoE layer group, projection) -> pattern
     for prefix, entry in modules.items():
         group = group_get(prefix)
-        pattern = None
-        if group is not None and group.endswith(".experts") and prefix.startswith(group) and prefix[len(group)] == ".":
-            # `<group>.<N>.<proj>`: the group's pattern, '*' and the projection, found once per pair
-            number, _, proj = prefix[len(group) + 1 :].partition(".")
-            if number.isdecimal() and proj and "." not in proj and not proj.isdecimal():
-                pattern = expert_patterns.get((group, proj))
-                if pattern is None:
-                    pattern = expert_patterns[(group, proj)] = module_pattern(prefix)
-        if pattern is None:
-            pattern = module_pattern(prefix)
+        pattern = module_pattern(prefix)
         tally = patterns.get(pattern)
         if tally is None:
             tally = patterns[pattern] = {}

@@ -29,7 +29,7 @@ def moe_layers(names: Iterable[str], config: dict | None = None) -> dict[str, di
     """layer prefix ('model.layers.3.mlp') -> expert -> projection role -> weight name, in layer
     order. Routed experts are named as the model family of config.json names them (models.py)."""
     rules = rules_for(config if isinstance(config, dict) else None)
-    routed, roles = rules.routed_expert, rules._roles
+    routed, role_of = rules.routed_expert, rules.expert_role
     layers: dict[str, dict[int, dict[str, str]]] = {}
     for name in names:
         if not name.endswith(".weight"):
@@ -43,7 +43,7 @@ def moe_layers(names: Iterable[str], config: dict | None = None) -> dict[str, di
             roles_of = layer.get(expert)
             if roles_of is None:
                 roles_of = layer[expert] = {}
-            roles_of[roles[match["proj"]]] = name
+            roles_of[role_of(match["proj"])] = name
 
     def order(layer: str):
         return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", layer)]
