@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
 from ascendconv.cli import app
+from ascendconv.errors import DuplicateTensorError
 from conftest import load_shard, save_shard
 
 runner = CliRunner()
@@ -221,3 +223,18 @@ def test_failure_mid_stream_leaves_nothing(fixture_copy, tmp_path):
     with pytest.raises(RuntimeError, match="disk full"):
         convert(fixture_copy("qwen3-moe-fp8"), tmp_path / "out", ConvertOptions(max_shard_size=100_000), failing_progress)
     assert list(tmp_path.iterdir()) == [tmp_path / "src"]
+
+
+def test_a_name_defined_twice_names_its_first_and_second_shard():
+    from ascendconv.io.safetensors import SafetensorsHeader, TensorEntry
+    from ascendconv.sources.checkpoint import merge_headers
+
+    def header(file: str, *names: str) -> SafetensorsHeader:
+        path = Path(file)
+        entries = {n: TensorEntry(n, "BF16", (1,), path, 8 + 2 * i, 2) for i, n in enumerate(names)}
+        return SafetensorsHeader(path, 8 + 2 * len(names), 8, entries, {}, b"")
+
+    one, two, three = header("a.safetensors", "x", "y"), header("b.safetensors", "z"), header("c.safetensors", "w", "y", "z")
+    assert list(merge_headers([one, two], None, Path("i.json"))) == ["x", "y", "z"]
+    with pytest.raises(DuplicateTensorError, match=r"tensor 'y' is defined twice: in a.safetensors and in c.safetensors"):
+        merge_headers([one, two, three], None, Path("i.json"))

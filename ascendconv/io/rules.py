@@ -28,22 +28,31 @@ MAX_EXPERT_DIGITS = 9  # expert numbers beyond any model; int() of a huge digit 
 def moe_layers(names: Iterable[str], config: dict | None = None) -> dict[str, dict[int, dict[str, str]]]:
     """layer prefix ('model.layers.3.mlp') -> expert -> projection role -> weight name, in layer
     order. Routed experts are named as the model family of config.json names them (models.py)."""
+    return _moe_layers([name[:-7] for name in names if name.endswith(".weight")], config)
+
+
+def _moe_layers(prefixes: list[str], config: dict | None) -> dict[str, dict[int, dict[str, str]]]:
+    """moe_layers of the modules `prefixes` (the names of their weights less '.weight')."""
     rules = rules_for(config if isinstance(config, dict) else None)
-    routed, role_of = rules.routed_expert, rules.expert_role
+    roles = {proj: rules.expert_role(proj) for names in rules.family.expert_projections for proj in names}
+    numbers: dict[str, int] = {}  # a few hundred expert numbers, each spelled by a hundred layers
     layers: dict[str, dict[int, dict[str, str]]] = {}
-    for name in names:
-        if not name.endswith(".weight"):
+    routed = rules.routed_expert
+    for prefix in prefixes:
+        match = routed(prefix)
+        if match is None or len(match["expert"]) > MAX_EXPERT_DIGITS:
             continue
-        match = routed(name[:-7])
-        if match and len(match["expert"]) <= MAX_EXPERT_DIGITS:
-            layer = layers.get(match["layer"])
-            if layer is None:
-                layer = layers[match["layer"]] = {}
-            expert = int(match["expert"])
-            roles_of = layer.get(expert)
-            if roles_of is None:
-                roles_of = layer[expert] = {}
-            roles_of[role_of(match["proj"])] = name
+        layer = layers.get(match["layer"])
+        if layer is None:
+            layer = layers[match["layer"]] = {}
+        expert = match["expert"]
+        number = numbers.get(expert)
+        if number is None:
+            number = numbers[expert] = int(expert)
+        roles_of = layer.get(number)
+        if roles_of is None:
+            roles_of = layer[number] = {}
+        roles_of[roles[match["proj"]]] = prefix + ".weight"
 
     def order(layer: str):
         return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", layer)]
@@ -55,9 +64,13 @@ def moe_coverage_problems(names: Iterable[str], config: dict | None, where: str)
     """Whole MoE layers: experts 0..E-1, each with its three projections, E as config.json says.
     `where` names what holds the names (for the messages). Work is bounded by the names given,
     never by an expert number read from a file."""
+    return _coverage_problems(moe_layers(names, config), config, where)
+
+
+def _coverage_problems(layers: dict[str, dict[int, dict[str, str]]], config: dict | None, where: str) -> list[str]:
     problems = []
     configured = expert_count(config) if isinstance(config, dict) else None  # models.py: the one reading
-    for layer, experts in moe_layers(names, config).items():
+    for layer, experts in layers.items():
         count = max(experts) + 1
         absent = count - len(experts)
         if absent:
@@ -65,10 +78,9 @@ def moe_coverage_problems(names: Iterable[str], config: dict | None, where: str)
             problems.append(
                 f"{clip(layer)}.experts.{first} is not in {where}" + (f" ({absent} of {count} experts missing)" if absent > 1 else "")
             )
-        for e in sorted(experts):
+        for e in sorted(e for e, roles in experts.items() if len(roles) < len(EXPERT_PROJECTIONS)):
             missing = [p for p in EXPERT_PROJECTIONS if p not in experts[e]]
-            if missing:
-                problems.append(f"{clip(layer)}.experts.{e} has no {', '.join(missing)} in {where}")
+            problems.append(f"{clip(layer)}.experts.{e} has no {', '.join(missing)} in {where}")
         if configured is not None and count != configured:
             problems.append(f"{clip(layer)} has {count} experts but config.json says {configured}")
     return problems
@@ -88,8 +100,10 @@ def check_source_tensors(root: Path, tensors: dict[str, TensorEntry], linears: d
     paired.update(linear.scale.name for linear in linears.values() if linear.scale is not None)
     # set operations first (a full-scale source has a few hundred thousand tensors, nearly all paired),
     # then the rest in source order, so that the first offending tensor is named
-    odd = (tensors.keys() - paired) | (tensors.keys() & DESCRIPTION_FIELDS)
-    for name in [n for n in tensors if n in odd] if odd else ():
+    unpaired = tensors.keys() - paired
+    odd = unpaired | (tensors.keys() & DESCRIPTION_FIELDS)
+    odd_names = [n for n in tensors if n in odd] if odd else []
+    for name in odd_names:
         entry = tensors[name]
         if name in DESCRIPTION_FIELDS:
             raise UnsupportedTensorError(
@@ -122,8 +136,9 @@ def check_source_tensors(root: Path, tensors: dict[str, TensorEntry], linears: d
                 f"{bias.path.name}: bias {shown(bias.name)} of a quantized linear is {bias.dtype}, not a float dtype",
                 f"an MX layer's bias is written as F32 from one of {', '.join(FLOAT_DTYPES)}",
             )
-    # over the names the package gives them: an MX weight stored as `weight_packed` is written `.weight`
-    package_names = {linear.weight.name: linear.prefix + ".weight" for linear in linears.values()}
-    problems = moe_coverage_problems((package_names.get(n, n) for n in tensors), config, f"{root}")
+    # over the names the package gives them: a linear's weight is `<prefix>.weight` (an MX weight
+    # stored as `weight_packed` too), every other tensor keeps its name
+    modules = [*linears, *(n[:-7] for n in odd_names if n in unpaired and n.endswith(".weight"))]
+    problems = _coverage_problems(_moe_layers(modules, config), config, f"{root}")
     if problems:
         raise IncompleteMoEError(problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))

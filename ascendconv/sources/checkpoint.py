@@ -108,12 +108,15 @@ def merge_headers(
     """One name -> entry map over all shards; duplicates and index disagreements are errors."""
     tensors: dict[str, TensorEntry] = {}
     for header in headers:
-        for name, entry in header.tensors.items():
-            if name in tensors:
-                raise DuplicateTensorError(
-                    f"tensor {shown(name)} is defined twice: in {tensors[name].path.name} and in {header.path.name}"
-                )
-            tensors[name] = entry
+        count = len(tensors)
+        tensors.update(header.tensors)  # at C speed; a name defined before shows as a count short
+        if len(tensors) != count + len(header.tensors):
+            earlier = headers[: headers.index(header)]
+            name = next(n for n in header.tensors if any(n in h.tensors for h in earlier))
+            first = next(h for h in earlier if name in h.tensors)
+            raise DuplicateTensorError(
+                f"tensor {shown(name)} is defined twice: in {first.path.name} and in {header.path.name}"
+            )
     if weight_map is not None and not _index_agrees(headers, weight_map, len(tensors)):
         for name, file in weight_map.items():
             entry = tensors.get(name)
