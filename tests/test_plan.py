@@ -317,3 +317,46 @@ def test_figures_count_what_a_full_scale_plan_places(tmp_path):
         planner = Planner.for_source(source, deployment)
         for scheme in SCHEMES:
             assert_figures_count_the_tensors(planner.plan(scheme))
+
+
+_PAIRING_FAULTS = {  # name -> edit of a spec of three well-formed linears (sfx: the spelling's scale suffix)
+    "none": lambda spec, sfx: None,
+    "scale missing": lambda spec, sfx: spec.pop("m.1.q" + sfx, None),
+    "scale F16": lambda spec, sfx: spec.update({"m.2.q" + sfx: ("F16", (2, 2))}),
+    "scale shape": lambda spec, sfx: spec.update({"m.1.q" + sfx: ("F32", (9, 9))}),
+    "weight E5M2": lambda spec, sfx: spec.update({"m.0.q.weight": ("F8_E5M2", (256, 256))}),
+    "weight 3-D": lambda spec, sfx: spec.update({"m.2.q.weight": ("F8_E4M3", (2, 128, 256))}),
+    "orphan scale": lambda spec, sfx: spec.update({"m.9.q" + sfx: ("F32", (1, 1))}),
+    "scale of a BF16 weight": lambda spec, sfx: spec.update({"m.9.q.weight": ("BF16", (8, 8)), "m.9.q" + sfx: ("F32", (1, 1))}),
+    "an FP8 scale": lambda spec, sfx: spec.update({"m.9.q" + sfx: ("F8_E4M3", (1, 1))}),
+    "FP8 not a weight": lambda spec, sfx: spec.update({"m.9.q.qweight": ("F8_E4M3", (8, 8))}),
+    "per-tensor scale": lambda spec, sfx: (spec.pop("m.1.q" + sfx, None), spec.update({"m.1.q.weight_scale": ("F32", (1,))})),
+    "per-tensor scale F16": lambda spec, sfx: (spec.pop("m.1.q" + sfx, None), spec.update({"m.1.q.weight_scale": ("F16", ())})),
+    "per-tensor scale of two": lambda spec, sfx: (spec.pop("m.1.q" + sfx, None), spec.update({"m.1.q.weight_scale": ("F32", (2,))})),
+    "a bias": lambda spec, sfx: spec.update({"m.2.q.bias": ("BF16", (256,))}),
+    "a stray bias": lambda spec, sfx: spec.update({"m.8.bias": ("BF16", (4,))}),
+}
+
+
+@given(st.lists(st.sampled_from(sorted(_PAIRING_FAULTS)), max_size=3), st.sampled_from([".weight_scale_inv", ".scale"]), st.randoms())
+def test_pairing_without_faults_pairs_as_tensor_by_tensor_and_leaves_faults_to_it(faults, suffix, random):
+    """pair_fp8_linears' short path pairs what the tensor-by-tensor one pairs, in any source order,
+    and leaves every fault to it: the same linears, or the same named error (the first in order)."""
+    from ascendconv.sources.hf_fp8_block import _pair_naming_faults
+
+    spec = {}
+    for i in range(3):
+        spec.update({f"m.{i}.q.weight": ("F8_E4M3", (256, 256)), f"m.{i}.q{suffix}": ("F32", (2, 2))})
+    for fault in faults:
+        _PAIRING_FAULTS[fault](spec, suffix)
+    names = list(spec)
+    random.shuffle(names)
+    tensors = entries({name: spec[name] for name in names})
+
+    def outcome(pair):
+        try:
+            return pair(tensors, BLOCK, suffix, ("F32", "BF16"), "weight_block_size")
+        except Exception as exc:  # noqa: BLE001 - which error, and what it says, is what is compared
+            return type(exc).__name__, str(exc)
+
+    assert outcome(pair_fp8_linears) == outcome(_pair_naming_faults)

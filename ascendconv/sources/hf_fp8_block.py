@@ -26,6 +26,7 @@ SCALE_SUFFIX = ".weight_scale_inv"
 # A per-tensor FP8 weight among block-FP8 ones (Qwen3.8-Flash-Next's n-gram table): one multiplier
 # stored as `P.weight_scale`, a tile of the whole weight.
 PER_TENSOR_SUFFIX = ".weight_scale"
+BIAS_SUFFIX = ".bias"
 SCALE_DTYPES = ("F32", "BF16")
 MAX_BLOCK = 2**31 - 1  # tile sides beyond any checkpoint, within the kernels' integer arithmetic
 # How configs name the E4M3 format (DeepSeek: "e4m3"; MiniMax-M2: "float8_e4m3fn", torch's name).
@@ -122,6 +123,62 @@ def pair_fp8_linears(
 ) -> dict[str, SourceLinear]:
     """Pair every F8_E4M3 weight with its tile scale (`P.weight` + `P<scale_suffix>`) and check the
     scale's dtype and shape. The FP8 spellings differ only in the suffix and the scale dtypes."""
+    linears = _pair_faultless(tensors, block, scale_suffix, scale_dtypes)
+    return linears if linears is not None else _pair_naming_faults(tensors, block, scale_suffix, scale_dtypes, tile_key)
+
+
+def _pair_faultless(
+    tensors: dict[str, TensorEntry], block: tuple[int, int], scale_suffix: str, scale_dtypes: tuple[str, ...]
+) -> dict[str, SourceLinear] | None:
+    """pair_fp8_linears of a checkpoint without a fault, or None at the first sign of one (then
+    `_pair_naming_faults` names the first in source order). It makes no name per scale or per
+    bias (a full-scale checkpoint has a hundred thousand linears): scales are counted, each must
+    be a linear's, and the few biases are found once."""
+    linears: dict[str, SourceLinear] = {}
+    get, new, tiles = tensors.get, new_linear, Encoding.FP8_TILES
+    bias_len, suffix_len = len(BIAS_SUFFIX), len(WEIGHT_SUFFIX)
+    biases = {name[:-bias_len]: entry for name, entry in tensors.items() if name.endswith(BIAS_SUFFIX)}
+    bias_of = biases.get
+    grids: dict[tuple[int, int], tuple[int, int]] = {}  # weight shape -> its scale's (a few dozen shapes)
+    bn, bk = block
+    scales = per_tensor = 0
+    for name, entry in tensors.items():
+        if name.endswith(scale_suffix):
+            scales += 1
+            continue
+        dtype = entry.dtype
+        if dtype not in FP8_WEIGHT_DTYPES:
+            continue
+        shape = entry.shape
+        if dtype != "F8_E4M3" or len(shape) != 2 or name[-suffix_len:] != WEIGHT_SUFFIX:
+            return None
+        prefix = name[:-suffix_len]
+        scale = get(prefix + scale_suffix)
+        if scale is None:
+            scale = get(prefix + PER_TENSOR_SUFFIX)
+            if scale is None or scale.numel != 1 or len(scale.shape) > 2 or scale.dtype not in scale_dtypes:
+                return None
+            linears[prefix] = new(prefix, entry, scale, bias_of(prefix), shape, tiles)
+            per_tensor += 1
+            continue
+        expected = grids.get(shape)
+        if expected is None:
+            expected = grids[shape] = (-(-shape[0] // bn), -(-shape[1] // bk))
+        if scale.shape != expected or scale.dtype not in scale_dtypes:
+            return None
+        linears[prefix] = new(prefix, entry, scale, bias_of(prefix), block, tiles)
+    # each linear found its own scale by name: as many scales as those linears, and none is an orphan
+    return linears if scales == len(linears) - per_tensor else None
+
+
+def _pair_naming_faults(
+    tensors: dict[str, TensorEntry],
+    block: tuple[int, int],
+    scale_suffix: str,
+    scale_dtypes: tuple[str, ...],
+    tile_key: str,
+) -> dict[str, SourceLinear]:
+    """pair_fp8_linears tensor by tensor, in source order: the first fault is the one named."""
     linears: dict[str, SourceLinear] = {}
     get = tensors.get
     grids: dict[tuple[int, int], tuple[int, int]] = {}  # weight shape -> its scale's (a few dozen shapes)
@@ -152,7 +209,7 @@ def pair_fp8_linears(
                         f"{per_tensor.path.name}: {shown(per_tensor.name)} (a per-tensor scale) is {per_tensor.dtype}, "
                         f"expected one of {', '.join(scale_dtypes)}"
                     )
-                linears[prefix] = new_linear(prefix, entry, per_tensor, get(prefix + ".bias"), shape, Encoding.FP8_TILES)
+                linears[prefix] = new_linear(prefix, entry, per_tensor, get(prefix + BIAS_SUFFIX), shape, Encoding.FP8_TILES)
                 continue
             raise MissingScaleError(
                 f"{entry.path.name}: F8_E4M3 weight {shown(name)} has no {shown(prefix + scale_suffix)} in any shard"
@@ -169,7 +226,7 @@ def pair_fp8_linears(
                 f"{scale.path.name}: {shown(scale.name)} has shape {list(scale.shape)}, expected {list(expected)} "
                 f"for weight {list(shape)} with {tile_key} {list(block)}"
             )
-        linears[prefix] = new_linear(prefix, entry, scale, get(prefix + ".bias"), block, Encoding.FP8_TILES)
+        linears[prefix] = new_linear(prefix, entry, scale, get(prefix + BIAS_SUFFIX), block, Encoding.FP8_TILES)
     return linears
 
 
