@@ -8,23 +8,23 @@ from pathlib import Path
 
 from ascendconv.ascendv1 import QUANT_TYPES, RANK
 from ascendconv.formats.constants import FLOAT, W8A8_MXFP8
-from ascendconv.inspect.report import Fallback, InspectReport, SchemeEstimate, ShardInfo, source_kind
+from ascendconv.inspect.report import CountBytes, Fallback, InspectReport, SchemeEstimate, ShardInfo, source_kind
 from ascendconv.inspect.summary import (
     FP8_BLOCK,
+    _by_bytes,
     _count,
+    _dtype_tally,
     _groups,
     _model_summary,
-    _module_weights,
     _rows,
     _structure,
-    _tally,
     natural_key,
 )
-from ascendconv.sources import Encoding, open_source
+from ascendconv.sources import Encoding, Source, open_source
 from ascendconv.sources.base import WEIGHT_SUFFIX
 from ascendconv.sources.checkpoint import INDEX_NAME as SOURCE_INDEX_NAME
 from ascendconv.models import ModelRules, rules_for
-from ascendconv.decide import SCHEMES, Deployment, ModuleFacts, group_members, module_pattern
+from ascendconv.decide import SCHEMES, Deployment, module_pattern
 from ascendconv.plan import Plan, Planner
 
 MX_SOURCE_LABELS = {Encoding.MX_E2M1: "MXFP4", Encoding.MX_E4M3: "MXFP8"}
@@ -33,18 +33,10 @@ MX_SOURCE_LABELS = {Encoding.MX_E2M1: "MXFP4", Encoding.MX_E4M3: "MXFP8"}
 def inspect_source(root: Path, glob: str | None, deployment: Deployment) -> InspectReport:
     source = open_source(root)  # named errors for every header-level problem
     try:
-        scale_names = source.scale_names
-        # each linear's weight and scale by what they hold: block FP8, or (an MX source) MXFP4 / MXFP8
-        labels = _Labels(
-            (t.name, MX_SOURCE_LABELS.get(linear.encoding, FP8_BLOCK))
-            for linear in source.linears.values() for t in (linear.weight, linear.scale) if t is not None
-        )
-        quant_type_of = labels.__getitem__  # at C speed: a few hundred thousand tensors
-
         estimates: dict[str, SchemeEstimate] = {}
         written: dict[str, dict[str, str]] = {}
         planner = Planner.for_source(source, deployment)
-        shared = shared_experts(planner.facts, planner.rules)
+        shared = shared_experts(planner.groups, planner.rules)
         for scheme in SCHEMES:
             plan = planner.plan(scheme)
             written[scheme] = {name: group.written for name, group in plan.groups.items()}
@@ -65,13 +57,14 @@ def inspect_source(root: Path, glob: str | None, deployment: Deployment) -> Insp
         # each linear by its weight (an MX source may store `weight_packed`; the package names it
         # `.weight`), then every other module's 2-D-or-more weight
         modules = {prefix: linear.weight for prefix, linear in source.linears.items()}
-        for prefix, entry in _module_weights(source.tensors).items():
-            if prefix not in modules and prefix + WEIGHT_SUFFIX not in scale_names:
-                modules[prefix] = entry
-        by_dtype, by_type = _tally(source.tensors, quant_type_of)
+        scale_names = source.scale_names
+        for name, entry in source.tensors.items():
+            if name.endswith(WEIGHT_SUFFIX) and len(entry.shape) >= 2 and name not in scale_names:
+                modules.setdefault(name[: -len(WEIGHT_SUFFIX)], entry)
         rules = rules_for(source.config)
         structure = _structure(source.tensors, rules)
         index = SOURCE_INDEX_NAME if (root / SOURCE_INDEX_NAME).is_file() else None
+        tensor_bytes = sum(e.nbytes for e in source.tensors.values())
         return InspectReport(
             kind=source_kind(source.format),
             path=root,
@@ -84,10 +77,10 @@ def inspect_source(root: Path, glob: str | None, deployment: Deployment) -> Insp
             shards=[ShardInfo(h.path.name, len(h.tensors), h.file_size) for h in source.headers],
             index=index,
             total_bytes=source.total_bytes,
-            tensor_bytes=sum(e.nbytes for e in source.tensors.values()),
+            tensor_bytes=tensor_bytes,
             tensor_count=len(source.tensors),
-            by_dtype=by_dtype,
-            by_quant_type=by_type,
+            by_dtype=_dtype_tally(source.tensors),
+            by_quant_type=_type_tally(source, tensor_bytes),
             **structure.fields(),
             family=rules.family.label,
             deployment=deployment.to_dict(),
@@ -101,10 +94,42 @@ def inspect_source(root: Path, glob: str | None, deployment: Deployment) -> Insp
             ),
             schemes=estimates,
             tensor_filter=glob,
-            tensors=_rows(source.tensors, glob, quant_type_of),
+            tensors=_rows(source.tensors, glob, _labels(source).__getitem__) if glob is not None else None,
         )
     finally:
         source.close()
+
+
+def _labels(source: Source) -> _Labels:
+    """Each linear's weight and scale by what they hold: block FP8, or (an MX source) MXFP4 / MXFP8."""
+    return _Labels(
+        (t.name, MX_SOURCE_LABELS.get(linear.encoding, FP8_BLOCK))
+        for linear in source.linears.values() for t in (linear.weight, linear.scale) if t is not None
+    )
+
+
+def _type_tally(source: Source, tensor_bytes: int) -> dict[str, CountBytes]:
+    """Tensors and bytes per source quant type: each linear's weight and scale under its label
+    (_labels), every other tensor FLOAT; counted over the linears, not the tensors."""
+    table: dict[str, list[int]] = {}
+    for linear in source.linears.values():
+        label = MX_SOURCE_LABELS.get(linear.encoding, FP8_BLOCK)
+        slot = table.get(label)
+        if slot is None:
+            slot = table[label] = [0, 0]
+        if linear.scale is None:
+            slot[0] += 1
+            slot[1] += linear.weight.nbytes
+        else:
+            slot[0] += 2
+            slot[1] += linear.weight.nbytes + linear.scale.nbytes
+    labelled = [sum(slot[0] for slot in table.values()), sum(slot[1] for slot in table.values())]
+    rest = [len(source.tensors) - labelled[0], tensor_bytes - labelled[1]]
+    if rest[0]:
+        table[FLOAT] = table.get(FLOAT, [0, 0])
+        table[FLOAT][0] += rest[0]
+        table[FLOAT][1] += rest[1]
+    return _by_bytes(table)
 
 
 class _Labels(dict):
@@ -116,7 +141,7 @@ class _Labels(dict):
 
 def runtime_notes(plan: Plan, shared: dict[str, str] | None = None) -> list[str]:
     """What vllm-ascend will run with the package this plan writes, in short sentences (`shared`:
-    shared_experts(plan.facts, plan.rules), when known)."""
+    shared_experts of the plan's groups, when known)."""
     notes = []
     by_group: dict[str, str] = {name: group.written for name, group in plan.groups.items()}
     moe = Counter(t for g, t in by_group.items() if g.endswith(".experts"))
@@ -155,7 +180,7 @@ def runtime_notes(plan: Plan, shared: dict[str, str] | None = None) -> list[str]
         notes.append(f"adds {added.name}, a FLOAT copy of {added.source}: {added.reason}")
     notes += [w for w in plan.warnings if w != plan.rules.warning]  # drafter heads left out, --tp growth
     notes += plan.rules.family.runtime_notes
-    mixed = _shared_vs_routed(plan, by_group, shared_experts(plan.facts, plan.rules) if shared is None else shared)
+    mixed = _shared_vs_routed(plan, by_group, shared_experts({name: g.members for name, g in plan.groups.items()}, plan.rules) if shared is None else shared)
     if mixed:
         notes.append(
             f"{mixed} MoE layers hold shared experts of another type than their routed experts: do not enable "
@@ -164,12 +189,12 @@ def runtime_notes(plan: Plan, shared: dict[str, str] | None = None) -> list[str]
     return notes
 
 
-def shared_experts(facts: dict[str, ModuleFacts], rules: ModelRules) -> dict[str, str]:
+def shared_experts(groups: dict[str, list[str]], rules: ModelRules) -> dict[str, str]:
     """Shared-expert modules decided apart from the routed experts -> their MoE block
-    ('model.layers.3.mlp'), in the order of a plan's decisions. The same for every scheme: inspect
-    finds them once."""
+    ('model.layers.3.mlp'), in the order of a plan's decisions (`groups`: decision group -> its
+    members). The same for every scheme: inspect finds them once."""
     shared = {}
-    for group, members in group_members(facts).items():
+    for group, members in groups.items():
         if group.endswith(".experts"):  # a MoE layer's group: 'model.layers.3.mlp.experts'
             continue
         for module in members:

@@ -66,10 +66,24 @@ def _tally(tensors: dict[str, TensorEntry], quant_type_of) -> tuple[dict[str, Co
         slot[0] += 1
         slot[1] += nbytes
 
-    def ordered(table: dict[str, list[int]]) -> dict[str, CountBytes]:
-        return {k: CountBytes(*table[k]) for k in sorted(table, key=lambda k: (-table[k][1], k))}
+    return _by_bytes(by_dtype), _by_bytes(by_type)
 
-    return ordered(by_dtype), ordered(by_type)
+
+def _dtype_tally(tensors: dict[str, TensorEntry]) -> dict[str, CountBytes]:
+    """_tally's tensors and bytes per dtype alone."""
+    by_dtype: dict[str, list[int]] = {}
+    for entry in tensors.values():
+        slot = by_dtype.get(entry.dtype)
+        if slot is None:
+            slot = by_dtype[entry.dtype] = [0, 0]
+        slot[0] += 1
+        slot[1] += entry.nbytes
+    return _by_bytes(by_dtype)
+
+
+def _by_bytes(table: dict[str, list[int]]) -> dict[str, CountBytes]:
+    """[count, bytes] per key as CountBytes, most bytes first."""
+    return {k: CountBytes(*table[k]) for k in sorted(table, key=lambda k: (-table[k][1], k))}
 
 
 @dataclass
