@@ -488,14 +488,18 @@ def test_dry_run_counts_of_an_mx_source_are_the_placed_ones(tmp_path, name):
 @pytest.mark.parametrize("name", [*sorted(LAYOUTS), "fused"])
 def test_inspect_tallies_each_mx_tensor_under_its_label(tmp_path, name):
     """By quant type, inspect counts each linear's weight and scale under its MX label and every
-    other tensor FLOAT: the tally over the linears is the tally tensor by tensor."""
-    from ascendconv.inspect.source import _labels, _type_tally
-    from ascendconv.inspect.summary import _tally
+    other tensor FLOAT: the tally over the linears is the tally tensor by tensor; the structure
+    from the linears and the other tensors is the structure from every tensor."""
+    from ascendconv.inspect.source import _labels, _type_tally, _unpaired
+    from ascendconv.inspect.summary import _structure, _tally
+    from ascendconv.models import rules_for
 
     src = open_source(fused_mxfp4(tmp_path) if name == "fused" else make(tmp_path, name))
     try:
         total = sum(e.nbytes for e in src.tensors.values())
         assert _type_tally(src, total) == _tally(src.tensors, _labels(src).__getitem__)[1]
         assert set(_type_tally(src, total)) > {"FLOAT"}
+        rules = rules_for(src.config)  # and the structure from the unpaired tensors and the linears
+        assert _structure(_unpaired(src), rules, src.linears) == _structure(src.tensors, rules)
     finally:
         src.close()

@@ -57,12 +57,13 @@ def inspect_source(root: Path, glob: str | None, deployment: Deployment) -> Insp
         # each linear by its weight (an MX source may store `weight_packed`; the package names it
         # `.weight`), then every other module's 2-D-or-more weight
         modules = {prefix: linear.weight for prefix, linear in source.linears.items()}
-        scale_names = source.scale_names
-        for name, entry in source.tensors.items():
-            if name.endswith(WEIGHT_SUFFIX) and len(entry.shape) >= 2 and name not in scale_names:
+        unpaired = _unpaired(source)
+        for name in unpaired:
+            entry = source.tensors[name]
+            if name.endswith(WEIGHT_SUFFIX) and len(entry.shape) >= 2:
                 modules.setdefault(name[: -len(WEIGHT_SUFFIX)], entry)
         rules = rules_for(source.config)
-        structure = _structure(source.tensors, rules)
+        structure = _structure(unpaired, rules, source.linears)  # a linear's tensors are named after it
         index = SOURCE_INDEX_NAME if (root / SOURCE_INDEX_NAME).is_file() else None
         tensor_bytes = sum(e.nbytes for e in source.tensors.values())
         return InspectReport(
@@ -106,6 +107,14 @@ def _labels(source: Source) -> _Labels:
         (t.name, MX_SOURCE_LABELS.get(linear.encoding, FP8_BLOCK))
         for linear in source.linears.values() for t in (linear.weight, linear.scale) if t is not None
     )
+
+
+def _unpaired(source: Source) -> list[str]:
+    """The tensors that are no linear's weight or scale, in source order (a full-scale checkpoint's
+    few hundred thousand are nearly all paired: found by set membership)."""
+    paired = source.scale_names
+    paired.update(linear.weight.name for linear in source.linears.values())
+    return [name for name in source.tensors if name not in paired]
 
 
 def _type_tally(source: Source, tensor_bytes: int) -> dict[str, CountBytes]:

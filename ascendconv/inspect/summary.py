@@ -99,14 +99,17 @@ class _Structure:
         return dict(self.__dict__)
 
 
-def _structure(names, rules: ModelRules) -> _Structure:
-    """Layers, MoE layers, experts, MTP layers and indexers from tensor names, by the model's rules."""
+def _structure(names, rules: ModelRules, modules=()) -> _Structure:
+    """Layers, MoE layers, experts, MTP layers and indexers from tensor names, by the model's rules,
+    and the prefixes of `modules` (whose tensors `names` may leave out)."""
     layers: set[str] = set()
     mtp: dict[str, None] = {}
     experts: dict[str, set[str]] = {}
     shared: set[str] = set()
     indexers: set[str] = set()
-    for prefix in {name.rpartition(".")[0] for name in names}:  # a module's tensors share a prefix
+    prefixes = {name.rpartition(".")[0] for name in names}  # a module's tensors share a prefix
+    prefixes.update(modules)
+    for prefix in prefixes:
         routed = rules.routed_expert(prefix)
         if routed:
             numbers = experts.get(routed["layer"])
