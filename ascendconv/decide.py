@@ -90,9 +90,25 @@ def packed_group(prefix: str, rules: ModelRules = GENERIC_RULES) -> str:
 NUMBERED_SEGMENT = re.compile(r"(?<=\.)\d+(?=\.|$)")
 
 
+_PATTERN_HEADS: dict[str, str] = {}  # module name -> its pattern and a dot
+PATTERN_MEMO_LIMIT = 2**20  # names remembered: past any checkpoint, bounded for a long-lived caller
+_PATTERN_DEPTH = 64  # segments read one by one; a deeper (hand-made) name takes the pattern at once
+
+
 def module_pattern(name: str) -> str:
-    """A module name with its layer and expert numbers (every numeric segment) replaced by '*'."""
-    return NUMBERED_SEGMENT.sub("*", name)
+    """A module name with its layer and expert numbers (every numeric segment) replaced by '*'.
+    Segment by segment from the end, each leading part's pattern remembered: the projections of an
+    expert, and the experts of a layer, share theirs (a full-scale checkpoint has a hundred
+    thousand modules)."""
+    base, _, last = name.rpartition(".")
+    if not base or "\n" in name or name.count(".") > _PATTERN_DEPTH:  # `$` of the pattern sees a newline apart
+        return NUMBERED_SEGMENT.sub("*", name)
+    head = _PATTERN_HEADS.get(base)
+    if head is None:
+        head = module_pattern(base) + "."
+        if len(_PATTERN_HEADS) < PATTERN_MEMO_LIMIT:
+            _PATTERN_HEADS[base] = head
+    return head + ("*" if last.isdecimal() else last)
 
 
 def is_routed_expert(prefix: str, rules: ModelRules = GENERIC_RULES) -> bool:

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, strategies as st
 from rich.console import Console
 from safetensors import safe_open
 from typer.testing import CliRunner
@@ -654,3 +655,15 @@ def test_module_pattern():
     assert module_pattern("lm_head") == "lm_head"
     assert module_pattern("model.visual.blocks.0.attn.qkv") == "model.visual.blocks.*.attn.qkv"
     assert module_pattern("model.layers.1.mlp.gate_up_proj2") == "model.layers.*.mlp.gate_up_proj2"
+
+
+@given(st.lists(st.sampled_from(["model", "layers", "12", "x7", "", "٣", "²", "0", "a\nb", "3\n", "\n"]), max_size=8).map(".".join))
+def test_module_pattern_segment_by_segment_is_the_pattern_at_once(name):
+    from ascendconv.decide import NUMBERED_SEGMENT
+
+    assert module_pattern(name) == NUMBERED_SEGMENT.sub("*", name)
+    assert module_pattern(name) == NUMBERED_SEGMENT.sub("*", name)  # remembered
+
+
+def test_module_pattern_of_a_name_of_many_segments():
+    assert module_pattern("a." * 5000 + "7") == "a." * 5000 + "*"
