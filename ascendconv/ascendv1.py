@@ -195,7 +195,7 @@ MX_TYPES = tuple(name for name, t in QUANT_TYPES.items() if t.scaled)  # the typ
 
 @dataclass(frozen=True)
 class SchemeRow:
-    """One `--scheme`: the type every FP8 linear asks for, and the type routed experts ask for;
+    """One `--scheme`: the type every source linear asks for, and the type routed experts ask for;
     `native`: an MX source linear asks for the type its bytes already are instead (re-laid out)."""
 
     name: str
