@@ -20,6 +20,7 @@ from ascendconv.inspect.summary import (
     _structure,
     natural_key,
 )
+from ascendconv.io.rules import paired_names
 from ascendconv.sources import Encoding, Source, open_source
 from ascendconv.sources.base import WEIGHT_SUFFIX
 from ascendconv.sources.checkpoint import INDEX_NAME as SOURCE_INDEX_NAME
@@ -112,8 +113,7 @@ def _labels(source: Source) -> _Labels:
 def _unpaired(source: Source) -> list[str]:
     """The tensors that are no linear's weight or scale, in source order (a full-scale checkpoint's
     few hundred thousand are nearly all paired: found by set membership)."""
-    paired = source.scale_names
-    paired.update(linear.weight.name for linear in source.linears.values())
+    paired = paired_names(source.linears)
     return [name for name in source.tensors if name not in paired]
 
 
@@ -135,9 +135,9 @@ def _type_tally(source: Source, tensor_bytes: int) -> dict[str, CountBytes]:
     labelled = [sum(slot[0] for slot in table.values()), sum(slot[1] for slot in table.values())]
     rest = [len(source.tensors) - labelled[0], tensor_bytes - labelled[1]]
     if rest[0]:
-        table[FLOAT] = table.get(FLOAT, [0, 0])
-        table[FLOAT][0] += rest[0]
-        table[FLOAT][1] += rest[1]
+        slot = table.setdefault(FLOAT, [0, 0])
+        slot[0] += rest[0]
+        slot[1] += rest[1]
     return _by_bytes(table)
 
 

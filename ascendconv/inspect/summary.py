@@ -50,27 +50,19 @@ def _model_summary(config: dict | None) -> dict:
 
 
 def _tally(tensors: dict[str, TensorEntry], quant_type_of) -> tuple[dict[str, CountBytes], dict[str, CountBytes]]:
-    by_dtype: dict[str, list[int]] = {}
     by_type: dict[str, list[int]] = {}
     for name, entry in tensors.items():
-        nbytes = entry.nbytes
-        slot = by_dtype.get(entry.dtype)
-        if slot is None:
-            slot = by_dtype[entry.dtype] = [0, 0]
-        slot[0] += 1
-        slot[1] += nbytes
         key = quant_type_of(name) or UNDESCRIBED
         slot = by_type.get(key)
         if slot is None:
             slot = by_type[key] = [0, 0]
         slot[0] += 1
-        slot[1] += nbytes
-
-    return _by_bytes(by_dtype), _by_bytes(by_type)
+        slot[1] += entry.nbytes
+    return _dtype_tally(tensors), _by_bytes(by_type)
 
 
 def _dtype_tally(tensors: dict[str, TensorEntry]) -> dict[str, CountBytes]:
-    """_tally's tensors and bytes per dtype alone."""
+    """Tensors and bytes per dtype."""
     by_dtype: dict[str, list[int]] = {}
     for entry in tensors.values():
         slot = by_dtype.get(entry.dtype)

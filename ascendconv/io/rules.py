@@ -28,13 +28,13 @@ MAX_EXPERT_DIGITS = 9  # expert numbers beyond any model; int() of a huge digit 
 def moe_layers(names: Iterable[str], config: dict | None = None) -> dict[str, dict[int, dict[str, str]]]:
     """layer prefix ('model.layers.3.mlp') -> expert -> projection role -> weight name, in layer
     order. Routed experts are named as the model family of config.json names them (models.py)."""
-    return _moe_layers([name[:-7] for name in names if name.endswith(".weight")], config)
+    return _moe_layers([name[: -len(".weight")] for name in names if name.endswith(".weight")], config)
 
 
 def _moe_layers(prefixes: list[str], config: dict | None) -> dict[str, dict[int, dict[str, str]]]:
     """moe_layers of the modules `prefixes` (the names of their weights less '.weight')."""
     rules = rules_for(config if isinstance(config, dict) else None)
-    roles = {proj: rules.expert_role(proj) for names in rules.family.expert_projections for proj in names}
+    role_of = rules.expert_role
     numbers: dict[str, int] = {}  # a few hundred expert numbers, each spelled by a hundred layers
     layers: dict[str, dict[int, dict[str, str]]] = {}
     routed = rules.routed_expert
@@ -52,7 +52,7 @@ def _moe_layers(prefixes: list[str], config: dict | None) -> dict[str, dict[int,
         roles_of = layer.get(number)
         if roles_of is None:
             roles_of = layer[number] = {}
-        roles_of[roles[match["proj"]]] = prefix + ".weight"
+        roles_of[role_of(match["proj"])] = prefix + ".weight"
 
     def order(layer: str):
         return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", layer)]
@@ -90,14 +90,21 @@ def _where(name: str, entry: TensorEntry) -> str:
     return f"{entry.path.name}: tensor {shown(name)}"
 
 
+def paired_names(linears: dict) -> set[str]:
+    """The tensors a source's format paired into its linears (`linears`: module prefix ->
+    sources.SourceLinear): each one's weight and scale."""
+    paired = {linear.weight.name for linear in linears.values()}
+    paired.update(linear.scale.name for linear in linears.values() if linear.scale is not None)
+    return paired
+
+
 def check_source_tensors(root: Path, tensors: dict[str, TensorEntry], linears: dict, config: dict) -> None:
     """Raise a named error for the first source tensor the package could not carry as the loader
     and `verify` expect. `linears`: module prefix -> sources.SourceLinear (weight, scale, bias), as
     the source's format paired them: a tensor the format did not consume is carried as it is."""
     if not tensors:
         raise UnrecognizedCheckpointError(f"{root}: the weight files hold no tensors", "the checkpoint is empty or damaged")
-    paired = {linear.weight.name for linear in linears.values()}
-    paired.update(linear.scale.name for linear in linears.values() if linear.scale is not None)
+    paired = paired_names(linears)
     # set operations first (a full-scale source has a few hundred thousand tensors, nearly all paired),
     # then the rest in source order, so that the first offending tensor is named
     unpaired = tensors.keys() - paired
@@ -138,7 +145,7 @@ def check_source_tensors(root: Path, tensors: dict[str, TensorEntry], linears: d
             )
     # over the names the package gives them: a linear's weight is `<prefix>.weight` (an MX weight
     # stored as `weight_packed` too), every other tensor keeps its name
-    modules = [*linears, *(n[:-7] for n in odd_names if n in unpaired and n.endswith(".weight"))]
+    modules = [*linears, *(n[: -len(".weight")] for n in odd_names if n in unpaired and n.endswith(".weight"))]
     problems = _coverage_problems(_moe_layers(modules, config), config, f"{root}")
     if problems:
         raise IncompleteMoEError(problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
