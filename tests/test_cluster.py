@@ -212,8 +212,11 @@ def test_sigterm_under_ray_is_our_interrupt_exit_143(tmp_path):
          "--kernel", "reference", "--max-shard-size", "10MB", "--quiet"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
+    # A part at work stages into "..part-I-of-N.ascendconv-staging-*" and publishes ".part-I-of-N" only
+    # when it is done, moments before the end: wait for the first, to stop the conversion in the middle.
+    running_part = ".out.ascendconv-staging-*/..part-*-of-*.ascendconv-staging-*"
     deadline = time.monotonic() + 180  # Ray starts in about 20 s here; the parts run after
-    while time.monotonic() < deadline and process.poll() is None and not list(tmp_path.glob(".out.ascendconv-staging-*/.part-*")):
+    while time.monotonic() < deadline and process.poll() is None and not list(tmp_path.glob(running_part)):
         time.sleep(0.05)
     assert process.poll() is None, process.communicate()
     process.send_signal(signal.SIGTERM)
