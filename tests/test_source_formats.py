@@ -549,3 +549,25 @@ def test_tile_scales_are_read_chunk_by_chunk(tmp_path, monkeypatch):
     assert len(read) == 2
     monkeypatch.setattr(Source, "read_scale", original)
     assert verify(tmp_path / "out", VerifyOptions(source=src)).ok
+
+
+@pytest.mark.parametrize("spelling", ["hf-fp8-block", "ct-fp8", "ds-v4-e8m0", "ds-v4-f32", "bf16", "bf16-fused"])
+def test_the_seam_hands_over_the_tensors_no_linear_consumed(tmp_path, spelling):
+    """open_source checks every format's pairing once and keeps what the checks found: the tensors
+    no linear consumed (norms, router, embeddings, biases), in source order, whatever the spelling."""
+    made = {
+        "hf-fp8-block": lambda: FIXTURES / MOE,
+        "ct-fp8": lambda: as_ct(FIXTURES / MOE, tmp_path / "ct"),
+        "ds-v4-e8m0": lambda: as_ds_v4(FIXTURES / DEEPSEEK, tmp_path / "ds", "F8_E8M0"),  # power-of-two scales
+        "ds-v4-f32": lambda: as_ds_v4(FIXTURES / DEEPSEEK, tmp_path / "ds", "F32"),
+        "bf16": lambda: as_float(FIXTURES / MOE, tmp_path / "bf16"),
+        "bf16-fused": lambda: fused(as_float(FIXTURES / MOE, tmp_path / "bf16"), tmp_path / "fused"),
+    }
+    source = open_source(made[spelling]())
+    try:
+        consumed = {t.name for linear in source.linears.values() for t in (linear.weight, linear.scale) if t is not None}
+        assert source.unpaired == [name for name in source.tensors if name not in consumed]
+        assert "model.norm.weight" in source.unpaired and any(n.endswith(".mlp.gate.weight") for n in source.unpaired)
+        assert not any(".experts." in name and name.endswith(".weight") for name in source.unpaired)
+    finally:
+        source.close()

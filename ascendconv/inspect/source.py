@@ -20,7 +20,6 @@ from ascendconv.inspect.summary import (
     _structure,
     natural_key,
 )
-from ascendconv.io.rules import paired_names
 from ascendconv.sources import Encoding, Source, open_source
 from ascendconv.sources.base import WEIGHT_SUFFIX
 from ascendconv.sources.checkpoint import INDEX_NAME as SOURCE_INDEX_NAME
@@ -58,7 +57,7 @@ def inspect_source(root: Path, glob: str | None, deployment: Deployment) -> Insp
         # each linear by its weight (an MX source may store `weight_packed`; the package names it
         # `.weight`), then every other module's 2-D-or-more weight
         modules = {prefix: linear.weight for prefix, linear in source.linears.items()}
-        unpaired = _unpaired(source)
+        unpaired = source.unpaired
         for name in unpaired:
             entry = source.tensors[name]
             if name.endswith(WEIGHT_SUFFIX) and len(entry.shape) >= 2:
@@ -108,13 +107,6 @@ def _labels(source: Source) -> _Labels:
         (t.name, MX_SOURCE_LABELS.get(linear.encoding, FP8_BLOCK))
         for linear in source.linears.values() for t in (linear.weight, linear.scale) if t is not None
     )
-
-
-def _unpaired(source: Source) -> list[str]:
-    """The tensors that are no linear's weight or scale, in source order (a full-scale checkpoint's
-    few hundred thousand are nearly all paired: found by set membership)."""
-    paired = paired_names(source.linears)
-    return [name for name in source.tensors if name not in paired]
 
 
 def _type_tally(source: Source, tensor_bytes: int) -> dict[str, CountBytes]:

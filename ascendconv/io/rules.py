@@ -1,8 +1,8 @@
 """Rules on a source's tensors that the package written from it must meet, applied up front.
 
-Every source format applies them (ascendconv/sources/), so `convert`, `inspect` and `verify --source` refuse the same
-sources with the same named errors, before anything is written: a source convert accepts gives a
-package its own `verify` accepts.
+The source seam applies them to every format (ascendconv/sources/), so `convert`, `inspect` and `verify --source`
+refuse the same sources with the same named errors, before anything is written: a source convert
+accepts gives a package its own `verify` accepts.
 """
 
 from __future__ import annotations
@@ -98,10 +98,11 @@ def paired_names(linears: dict) -> set[str]:
     return paired
 
 
-def check_source_tensors(root: Path, tensors: dict[str, TensorEntry], linears: dict, config: dict) -> None:
+def check_source_tensors(root: Path, tensors: dict[str, TensorEntry], linears: dict, config: dict) -> list[str]:
     """Raise a named error for the first source tensor the package could not carry as the loader
     and `verify` expect. `linears`: module prefix -> sources.SourceLinear (weight, scale, bias), as
-    the source's format paired them: a tensor the format did not consume is carried as it is."""
+    the source's format paired them: a tensor the format did not consume is carried as it is.
+    Returns those tensors, the unpaired ones, in source order."""
     if not tensors:
         raise UnrecognizedCheckpointError(f"{root}: the weight files hold no tensors", "the checkpoint is empty or damaged")
     paired = paired_names(linears)
@@ -149,3 +150,4 @@ def check_source_tensors(root: Path, tensors: dict[str, TensorEntry], linears: d
     problems = _coverage_problems(_moe_layers(modules, config), config, f"{root}")
     if problems:
         raise IncompleteMoEError(problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+    return odd_names  # no description field among them (that raised above): the unpaired tensors

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ascendconv.errors import NotFoundError, UnsupportedSourceError, shown
 from ascendconv.gcpause import gc_paused
+from ascendconv.io.rules import check_source_tensors
 from ascendconv.sources.base import Encoding, Source, SourceFormat, SourceLinear
 from ascendconv.sources.checkpoint import Checkpoint, find_quantization_config, load_config
 from ascendconv.sources.ct_fp8 import CompressedTensorsFp8
@@ -44,7 +45,8 @@ def format_for(config: dict, config_path: Path) -> SourceFormat:
 @gc_paused()  # about 100,000 header entries for a full-scale checkpoint
 def open_source(path: str | os.PathLike) -> Source:
     """The source checkpoint at `path`, in whichever format it is: config first (a refusal names
-    the format problem before any shard is read), then every header, then the format's pairing."""
+    the format problem before any shard is read), then every header, then the format's pairing,
+    then the rules every package must meet (io/rules.py)."""
     root = Path(path)
     # before config.json, which a GGUF download may not have; a .gguf file given as SRC too
     if root.suffix.lower() == ".gguf" or (root.is_dir() and any(root.glob("*.gguf")) and not any(root.glob("*.safetensors"))):
@@ -62,4 +64,7 @@ def open_source(path: str | os.PathLike) -> Source:
             config = {**config, "quantization_config": modelopt}
     source_format = format_for(config, config_path)
     quant = source_format.parse(config, config_path)
-    return source_format.open(Checkpoint.with_config(root, config, config_path), quant)
+    source = source_format.open(Checkpoint.with_config(root, config, config_path), quant)
+    # the package's rules, the same for every format: checked here, once, over what the format paired
+    source.unpaired = check_source_tensors(source.root, source.tensors, source.linears, source.config)
+    return source

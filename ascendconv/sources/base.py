@@ -94,6 +94,9 @@ class Source:
     # The tensors as the package sees them, where the format splits stored ones (fused 3-D experts
     # into per-expert slices: byte ranges of the stored tensor); else the checkpoint's own.
     logical_tensors: dict[str, TensorEntry] | None = None
+    # The tensors no linear consumed, in source order: carried as they are (open_source sets it
+    # from the checks of io/rules.py, which find them anyway).
+    unpaired: list[str] = field(default_factory=list)
 
     @classmethod
     def open(cls, path) -> "Source":
@@ -182,8 +185,9 @@ class SourceFormat:
     `accepts` looks at the quantization_config (None when config.json has none) and, where a format
     shares its quant_method with another, the model_type of config.json; `parse`
     validates the format's config keys before any shard is read; `open` pairs the format's tensors
-    in the checkpoint's headers, raising named errors for every header-level problem (nothing of
-    tensor data is read)."""
+    in the checkpoint's headers, raising named errors for every problem of the format's layout
+    (nothing of tensor data is read). The rules every package must meet, whatever the format, the
+    seam applies after it (`open_source`)."""
 
     name: ClassVar[str]
     label: ClassVar[str]  # for people: "Hugging Face block FP8"

@@ -26,7 +26,6 @@ from ascendconv.errors import (
     UnsupportedSourceError,
     shown,
 )
-from ascendconv.io.rules import check_source_tensors
 from ascendconv.io.safetensors import TensorEntry
 from ascendconv.sources.base import Source, SourceFormat, SourceLinear
 from ascendconv.sources.checkpoint import Checkpoint, find_quantization_config
@@ -185,7 +184,6 @@ class CompressedTensorsFp8(SourceFormat):
 
     def open(self, checkpoint: Checkpoint, quant: CtFp8Config) -> Source:
         linears = pair_ct_fp8_linears(checkpoint.tensors, quant)
-        check_source_tensors(checkpoint.root, checkpoint.tensors, linears, checkpoint.config)
         params = {"strategies": sorted(quant.strategies), "block_structures": [list(b) for b in quant.blocks]}
         shown_config = {
             "format": self.name,

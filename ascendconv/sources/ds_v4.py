@@ -12,7 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from ascendconv.errors import UnsupportedSourceError, shown
-from ascendconv.io.rules import check_source_tensors
 from ascendconv.sources.base import Source
 from ascendconv.sources.checkpoint import Checkpoint
 from ascendconv.sources.hf_fp8_block import BlockFP8Config, HfFp8Block, pair_fp8_linears, parse_block_fp8_config
@@ -56,5 +55,4 @@ class DeepSeekV4(HfFp8Block):
             linears = pair_fp8_linears(checkpoint.tensors, quant.block, SCALE_SUFFIX, SCALE_DTYPES)
         else:  # re-saved under Hugging Face's scale name
             linears = pair_fp8_linears(checkpoint.tensors, quant.block)
-        check_source_tensors(checkpoint.root, checkpoint.tensors, linears, checkpoint.config)
         return self.source(checkpoint, quant, linears)

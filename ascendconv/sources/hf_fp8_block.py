@@ -17,7 +17,6 @@ from ascendconv.errors import (
     UnsupportedTensorError,
     shown,
 )
-from ascendconv.io.rules import check_source_tensors
 from ascendconv.io.safetensors import TensorEntry
 from ascendconv.sources.base import WEIGHT_SUFFIX, Encoding, Source, SourceFormat, SourceLinear, new_linear
 from ascendconv.sources.checkpoint import Checkpoint, find_quantization_config
@@ -244,7 +243,6 @@ class HfFp8Block(SourceFormat):
 
     def open(self, checkpoint: Checkpoint, quant: BlockFP8Config) -> Source:
         linears = pair_fp8_linears(checkpoint.tensors, quant.block)
-        check_source_tensors(checkpoint.root, checkpoint.tensors, linears, checkpoint.config)
         return self.source(checkpoint, quant, linears)
 
     def source(self, checkpoint: Checkpoint, quant: BlockFP8Config, linears: dict[str, SourceLinear]) -> Source:

@@ -41,7 +41,6 @@ from ascendconv.errors import (
 )
 from ascendconv.formats.constants import GROUP_SIZE
 from ascendconv.io.files import read_json
-from ascendconv.io.rules import check_source_tensors
 from ascendconv.io.safetensors import TensorEntry
 from ascendconv.sources.base import WEIGHT_SUFFIX, Encoding, Source, SourceFormat, SourceLinear
 from ascendconv.sources.checkpoint import Checkpoint, find_quantization_config
@@ -136,8 +135,6 @@ def mx_source(
     base = checkpoint.tensors if split is None else split
     kept = without_companions(base, linears, layouts)
     logical = split if kept is None else kept
-    tensors = checkpoint.tensors if logical is None else logical
-    check_source_tensors(checkpoint.root, tensors, linears, checkpoint.config)
     encodings = sorted({linear.encoding.value for linear in linears.values()})
     shown_config = {
         "format": fmt.name, "label": fmt.label, "quant_method": fmt.quant_method, "weight_block_size": None,

@@ -14,7 +14,6 @@ import re
 from pathlib import Path
 
 from ascendconv.errors import NoQuantizableLinearError, UnrecognizedCheckpointError, UnsupportedTensorError, shown
-from ascendconv.io.rules import check_source_tensors
 from ascendconv.io.safetensors import TensorEntry
 from ascendconv.sources.base import WEIGHT_SUFFIX, Encoding, Source, SourceFormat, SourceLinear
 from ascendconv.sources.checkpoint import Checkpoint, expert_slices
@@ -79,7 +78,6 @@ class PlainFloat(SourceFormat):
                 "and no quantization_config",
                 "ascendconv converts quantized checkpoints and plain float ones with linear layers",
             )
-        check_source_tensors(checkpoint.root, tensors, linears, checkpoint.config)
         dtypes = sorted({linear.weight.dtype for linear in linears.values()})
         fused = sorted(n for n in checkpoint.tensors if logical is not None and n not in logical)
         shown_config = {
