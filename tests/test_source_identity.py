@@ -20,6 +20,7 @@ from ascendconv.io.checksum import MERGE_GAP, SAMPLE_BYTES, SAMPLE_WINDOWS, TENS
 from ascendconv.io.safetensors import read_header
 from ascendconv.package_files import data_sample, tensor_sample
 from ascendconv.io.outdir import STAGING_TAG
+from ascendconv.sources import open_source
 from ascendconv.verify import VerifyOptions, verify
 from conftest import FIXTURES, load_shard, save_shard
 
@@ -176,6 +177,39 @@ def test_verify_source_proves_each_shard_was_made_from_the_bytes_given(tmp_path)
     assert source.detail.count("other source bytes") == 1  # the padding's shard only
     result = runner.invoke(app, ["verify", str(tmp_path / "pkg"), "--source", str(src), "--quiet"])
     assert result.exit_code == 1 and "Traceback" not in result.output
+
+
+def test_verify_source_hashes_each_source_tensor_once_as_it_compares_it(tmp_path, monkeypatch):
+    """The digests that prove a shard's source bytes are taken by the pass that compares them, each
+    tensor just before its comparison reads it: one read of the source from the disk, not two."""
+    import ascendconv.pipeline as pipeline
+    import ascendconv.verify.accuracy as accuracy
+
+    src = FIXTURES / "qwen3-moe-fp8"
+    convert(src, tmp_path / "pkg", ConvertOptions(max_shard_size=LIMIT))
+    events, digest, compare_plain = [], pipeline.entry_digest, accuracy._compare_plain
+
+    def hashing(source, entry):
+        events.append(("hash", entry.name))
+        return digest(source, entry)
+
+    def comparing(lay, reader, source, entry, name):
+        events.append(("compare", entry.name))
+        return compare_plain(lay, reader, source, entry, name)
+
+    monkeypatch.setattr(pipeline, "entry_digest", hashing)
+    monkeypatch.setattr(accuracy, "_compare_plain", comparing)
+    report = verify(tmp_path / "pkg", VerifyOptions(source=src))
+    assert report.ok, [c.to_dict() for c in report.checks if not c.ok]
+    source = open_source(src)
+    hashed = [name for kind, name in events if kind == "hash"]
+    assert sorted(hashed) == sorted(n for n, e in source.tensors.items() if e.nbytes)  # every one, once
+    for i, (kind, name) in enumerate(events):
+        if kind == "compare":  # a copied tensor: hashed by the same item, before it was compared
+            assert ("hash", name) in events[:i]
+    kinds = [kind for kind, _ in events]  # one pass: hashing goes on after the first comparisons
+    assert kinds.index("compare") < len(kinds) - 1 - kinds[::-1].index("hash")
+    source.close()
 
 
 def test_a_package_written_before_the_new_fields_still_verifies(converted, tmp_path):

@@ -126,6 +126,7 @@ def _compare_source(
     lay: _Layout, source, options: VerifyOptions, progress: Progress | None, notice: Notice | None = None
 ) -> _SourceFindings:
     from ascendconv.package_files import data_sample, source_fingerprint, tensor_sample
+    from ascendconv.pipeline import entry_digest, made_from
 
     found = _SourceFindings()
     prov = lay.pkg.record
@@ -164,7 +165,8 @@ def _compare_source(
 
     # 2. the tensor set the source implies
     by_weight = {linear.weight.name: linear for linear in source.linears.values()}
-    found.source += _source_data_problems(lay, source, by_weight, progress)
+    recorded, made_of, to_hash = _data_to_hash(lay, source, by_weight)
+    data_at = len(found.source)  # where their findings go, once the tensors are hashed
     scale_names = source.scale_names
     implied: set[str] = set()
     for name in source.tensors:
@@ -191,6 +193,13 @@ def _compare_source(
     work += [(n, e) for n, e in added.items() if n in lay.tensors]
     total = sum(e.nbytes for _, e in work)
     derive = _Rederive(lay, source, options, rule, resolve_dtype, notice)
+    # each tensor a digest needs is hashed by the first item that reads it, just before that item
+    # compares it: every source byte comes from the disk once, not once per pass
+    hashed_with = [[t for t in made_from(source, by_weight, e.name) if to_hash.pop(t.name, None) is not None] for _, e in work]
+
+    def compare_and_hash(item: tuple[tuple[str, TensorEntry], list[TensorEntry]]) -> tuple[_Compared, dict[str, bytes]]:
+        digests = {t.name: entry_digest(source, t) for t in item[1]}
+        return compare(item[0]), digests
 
     def compare(item: tuple[str, TensorEntry]) -> _Compared:
         name, entry = item
@@ -203,29 +212,34 @@ def _compare_source(
             return _Compared(skipped=[f"{entry.name}: {why}"])
         return derive.linear(reader, linear, module)
 
-    done = 0
+    done, digests = 0, {}
     with TensorReader() as reader:
         # tensors in parallel (kernels, numpy and reads release the GIL), results taken in order
-        for (_, entry), compared in _ordered_map(compare, work, os.cpu_count() or 1):
+        items = list(zip(work, hashed_with))
+        for ((_, entry), _), (compared, hashed) in _ordered_map(compare_and_hash, items, os.cpu_count() or 1):
             found.add(compared)
+            digests.update(hashed)
             done += entry.nbytes
             if progress:
                 progress("source", done, total)
+    digests.update(_digests(source, list(to_hash.values()), progress))  # those no compared item reads
+    found.source[data_at:data_at] = _data_problems(recorded, made_of, digests)
     found.rows, found.rows_of, found.relaid = derive.rows, derive.rows_of, derive.relaid
     return found
 
 
-def _source_data_problems(lay: _Layout, source, by_weight: dict, progress: Progress | None) -> list[str]:
-    """Each shard that records the digest of the source bytes it was made from (packages of
-    before do not) against the same digest of the source given: the proof that the shard was made
-    from these very bytes, which the sampled identity of the source only makes likely."""
-    from ascendconv.io.checksum import reads_digest
-    from ascendconv.pipeline import entry_digest, made_from
+def _data_to_hash(lay: _Layout, source, by_weight: dict) -> tuple[dict[str, str], dict[str, list | None], dict[str, TensorEntry]]:
+    """What proves each package shard was made from the source given, where the shard records the
+    digest of the source bytes it was made from (packages of before do not): the recorded digests,
+    shard -> its source tensors (None: a tensor of it does not come from the source, reported
+    apart), and those tensors by name, to hash. The proof that the sampled identity of the source
+    only makes likely."""
+    from ascendconv.pipeline import made_from
 
     shards = lay.pkg.record.shards or {}
     recorded = {name: e[SOURCE_DATA_KEY] for name, e in shards.items() if isinstance(e, dict) and isinstance(e.get(SOURCE_DATA_KEY), str)}
     if not recorded:
-        return []
+        return {}, {}, {}
     by_prefix = {linear.prefix: linear for linear in source.linears.values()}
     added = lay.pkg.record.added_tensors
     made_of: dict[str, list | None] = {name: [] for name in recorded}  # shard -> source tensors; None: unknown
@@ -246,13 +260,26 @@ def _source_data_problems(lay: _Layout, source, by_weight: dict, progress: Progr
             made_of[shard] += made_from(source, by_weight, origin)
         else:
             made_of[shard] = None  # a tensor that does not come from the source: reported apart
-    entries = {e.name: e for sources in made_of.values() if sources for e in sources}
-    digests, done, total = {}, 0, sum(e.nbytes for e in entries.values())
-    for entry, digest in _ordered_map(lambda e: entry_digest(source, e), list(entries.values()), os.cpu_count() or 1):
+    return recorded, made_of, {e.name: e for sources in made_of.values() if sources for e in sources}
+
+
+def _digests(source, entries: list[TensorEntry], progress: Progress | None) -> dict[str, bytes]:
+    """The digest of each of `entries` (hashed in parallel)."""
+    from ascendconv.pipeline import entry_digest
+
+    digests, done, total = {}, 0, sum(e.nbytes for e in entries)
+    for entry, digest in _ordered_map(lambda e: entry_digest(source, e), entries, os.cpu_count() or 1):
         digests[entry.name] = digest
         done += entry.nbytes
         if progress:
             progress("source-data", done, total)
+    return digests
+
+
+def _data_problems(recorded: dict[str, str], made_of: dict[str, list | None], digests: dict[str, bytes]) -> list[str]:
+    """Each shard whose recorded digest of source bytes is not that of the source given."""
+    from ascendconv.io.checksum import reads_digest
+
     problems = []
     for shard, sources in sorted(made_of.items()):
         if sources is not None and reads_digest({e.name: digests[e.name] for e in sources}) != recorded[shard]:
