@@ -116,7 +116,8 @@ class RayOptions:
 # --- verify --------------------------------------------------------------------------------------
 
 Notice = Callable[[str], None]  # a one-line message for the user (the CLI prints it on stderr)
-VerifyProgress = Callable[[str, int, int], None]  # (phase, done, total); phases: scan, source (compared and hashed), source-data (hashed only), moe, npu
+# (phase, done, total); phases: scan, source (compared and hashed), source-data (hashed only), moe, npu
+VerifyProgress = Callable[[str, int, int], None]
 
 # Defaults of the numerical thresholds: the quant-type table's (see docs/verify.md for how they were
 # chosen). The SQNR options are per weight element format: --min-sqnr-mxfp4 covers every E2M1 type.

@@ -195,11 +195,9 @@ def _compare_source(
     derive = _Rederive(lay, source, options, rule, resolve_dtype, notice)
     # each tensor a digest needs is hashed by the first item that reads it, just before that item
     # compares it: every source byte comes from the disk once, not once per pass
-    hashed_with = [[t for t in made_from(source, by_weight, e.name) if to_hash.pop(t.name, None) is not None] for _, e in work]
-
-    def compare_and_hash(item: tuple[tuple[str, TensorEntry], list[TensorEntry]]) -> tuple[_Compared, dict[str, bytes]]:
-        digests = {t.name: entry_digest(source, t) for t in item[1]}
-        return compare(item[0]), digests
+    hashed_with = [
+        [t for t in made_from(source, by_weight, e.name) if to_hash.pop(t.name, None) is not None] for _, e in work
+    ]
 
     def compare(item: tuple[str, TensorEntry]) -> _Compared:
         name, entry = item
@@ -211,6 +209,10 @@ def _compare_source(
         if why is not None:
             return _Compared(skipped=[f"{entry.name}: {why}"])
         return derive.linear(reader, linear, module)
+
+    def compare_and_hash(item: tuple[tuple[str, TensorEntry], list[TensorEntry]]) -> tuple[_Compared, dict[str, bytes]]:
+        digests = {t.name: entry_digest(source, t) for t in item[1]}
+        return compare(item[0]), digests
 
     done, digests = 0, {}
     with TensorReader() as reader:
