@@ -14,7 +14,7 @@ import functools
 import itertools
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Callable
+from typing import Callable, Iterator
 
 from ascendconv.ascendv1 import (
     DEFAULT_MAX_SHARD_SIZE,
@@ -314,11 +314,31 @@ class Plan:
     def conversion_counts(self) -> dict[str, int]:
         """MX payloads relaid and requantized, from each MX linear's facts (no tensor is placed)."""
         counts = {RELAID: 0, REQUANTIZED: 0}
+        for _, kind in self._member_conversions():
+            counts[kind] += 1
+        return counts
+
+    def conversion_groups(self) -> dict[str, dict[str, int]]:
+        """MX payloads by name pattern (layer and expert numbers as '*'): relaid / requantized counts,
+        as conversion_counts (a dry run of a full-scale MX source would otherwise place its half a
+        million tensors for this table alone)."""
+        groups: dict[str, dict[str, int]] = {}
+        for prefix, kind in self._member_conversions():
+            pattern = module_pattern(prefix + ".weight")  # the payload's name (conversions)
+            counts = groups.get(pattern)
+            if counts is None:
+                counts = groups[pattern] = {RELAID: 0, REQUANTIZED: 0}
+            counts[kind] += 1
+        return dict(sorted(groups.items()))
+
+    def _member_conversions(self) -> Iterator[tuple[str, str]]:
+        """(prefix, 'relaid' or 'requantized') of each linear written MX, its kind found once per
+        facts object (the members of a group share a few)."""
         facts = self.facts
         for group in self.groups.values():
             if group.written == FLOAT:
                 continue
-            kinds: dict[int, str] = {}  # id of a facts object (members share them) -> its conversion
+            kinds: dict[int, str] = {}  # id of a facts object -> its conversion
             for prefix in group.members:
                 fact = facts[prefix]
                 kind = kinds.get(id(fact))
@@ -326,16 +346,7 @@ class Plan:
                     n, k = fact.shape
                     relaid = mx_tensors(group.written, n, k, fact.native)[3] is OutputKind.MX_RELAID
                     kind = kinds[id(fact)] = RELAID if relaid else REQUANTIZED
-                counts[kind] += 1
-        return counts
-
-    def conversion_groups(self) -> dict[str, dict[str, int]]:
-        """MX payloads by name pattern (layer and expert numbers as '*'): relaid / requantized counts."""
-        groups: dict[str, dict[str, int]] = {}
-        for name, conversion in sorted(self.conversions().items()):
-            counts = groups.setdefault(module_pattern(name), {RELAID: 0, REQUANTIZED: 0})
-            counts[conversion] += 1
-        return dict(sorted(groups.items()))
+                yield prefix, kind
 
     def description(self) -> dict:
         return description_document({t.name: t.quant_type for t in self.tensors}, self.model_quant_type)

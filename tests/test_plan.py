@@ -11,7 +11,7 @@ from ascendconv.ascendv1 import RANK
 from ascendconv.errors import BadOptionError
 from ascendconv.io.safetensors import TensorEntry, tensor_nbytes
 from ascendconv.sources.hf_fp8_block import pair_fp8_linears
-from ascendconv.decide import SCHEMES, Override, packed_group
+from ascendconv.decide import SCHEMES, Override, module_pattern, packed_group
 from ascendconv.options import parse_size
 from ascendconv.plan import assign_shards, files_to_copy, make_plan
 
@@ -283,6 +283,7 @@ def counted(plan) -> tuple[dict[str, int], int, int]:
 
 def assert_figures_count_the_tensors(plan) -> None:
     rows, conversions = plan.shard_rows(), plan.conversion_counts()  # before the plan is placed
+    by_pattern = plan.conversion_groups()
     assert (plan.figures.tensors, plan.figures.bytes_out, plan.figures.shards) == counted(plan)
     assert rows == [(s.file, len(s.tensors), s.nbytes) for s in plan.shards] == plan.shard_rows()
     placed = {"relaid": 0, "requantized": 0}
@@ -290,6 +291,11 @@ def assert_figures_count_the_tensors(plan) -> None:
         if tensor.conversion:
             placed[tensor.conversion] += 1
     assert conversions == placed
+    placed_by_pattern: dict[str, dict[str, int]] = {}
+    for name, conversion in plan.conversions().items():
+        placed_by_pattern.setdefault(module_pattern(name), {"relaid": 0, "requantized": 0})[conversion] += 1
+    assert by_pattern == dict(sorted(placed_by_pattern.items()))
+    assert list(by_pattern) == sorted(by_pattern)
     assert plan.model_quant_type == max({t.quant_type for t in plan.tensors}, key=RANK.__getitem__)
     assert sum(len(s.tensors) for s in plan.shards) == len(plan.tensors)
 
