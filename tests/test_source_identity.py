@@ -212,6 +212,34 @@ def test_verify_source_hashes_each_source_tensor_once_as_it_compares_it(tmp_path
     source.close()
 
 
+def test_a_source_tensor_no_compared_item_reads_is_hashed_once_after_the_comparisons(tmp_path, monkeypatch):
+    """A package tensor renamed to a linear's source scale: the shard it sits in is made of that
+    scale, but no compared item reads the scale (the linear's weight is gone from the package). It is
+    hashed once, after the pass, and the shard's recorded source bytes are found not to match."""
+    import ascendconv.pipeline as pipeline
+
+    src = FIXTURES / "qwen3-moe-fp8"
+    convert(src, tmp_path / "pkg", ConvertOptions(max_shard_size=LIMIT))
+    source = open_source(src)
+    linear = next(lin for lin in source.linears.values() if lin.scale is not None)
+    weight, scale = linear.prefix + ".weight", linear.scale.name
+    shard = next(p for p in sorted((tmp_path / "pkg").glob("quant_model_weights-*.safetensors")) if weight in read_header(p).tensors)
+    save_shard(shard, {scale if name == weight else name: t for name, t in load_shard(shard).items()})
+    hashed, phases, digest = [], [], pipeline.entry_digest
+    monkeypatch.setattr(pipeline, "entry_digest", lambda source, entry: hashed.append(entry.name) or digest(source, entry))
+    report = verify(tmp_path / "pkg", VerifyOptions(source=src), progress=lambda phase, *_: phases.append(phase))
+    found = report.check("source")
+    assert not found.ok
+    assert f"package tensor {scale!r} does not come from the source" in found.problems
+    assert f"{weight!r} comes from the source but is not in the package" in found.problems
+    made_from_other = [p for p in found.problems if "other source bytes" in p]
+    assert len(made_from_other) == 1 and made_from_other[0].startswith(f"package shard {shard.name} was made from")
+    assert hashed.count(scale) == 1 and hashed[-1] == scale  # by the pass after the comparisons
+    assert sorted(hashed) == sorted(set(hashed))  # no tensor twice
+    assert "source-data" in phases and phases.index("source-data") > phases.index("source")
+    source.close()
+
+
 def test_a_package_written_before_the_new_fields_still_verifies(converted, tmp_path):
     pkg = Path(shutil.copytree(converted(DENSE), tmp_path / "pkg"))
     path = pkg / "ascendconv_provenance.json"
