@@ -52,7 +52,8 @@
    `--only startup` instead times only the start-up of the largest model families (issue 20):
    `inspect` and `convert --dry-run --scheme w4a8-mxfp-moe` of the header-only full-scale copies
    that tests/fullscale.py writes (built once under --cache/fullscale-v1/; a few MB each), --reps
-   times in rotating order, against 2 s each.
+   times in rotating order, against 2 s each; and, reported without a target, the same of the
+   largest checkpoint, Kimi-K3 (STARTUP_MEASURED).
 5. Prints one table (command, median wall seconds, median CPU seconds (user + system: on a shared
    machine they move less than wall seconds), MB/s, ratio to its baseline, peak RSS), then every
    target of issue 8 with PASS/FAIL, and exits 1 when one is missed. --json writes it all.
@@ -123,6 +124,9 @@ STARTUP_FAMILIES = (
     "qwen3.5-397b-a17b", "glm-5.1", "deepseek-v4-flash-base", "deepseek-v3", "kimi-k2", "qwen3-coder-480b", "minimax-m3",
 )
 TARGET_FULLSCALE_START_S = 2.0
+# The largest checkpoint of all (tests/fullscale.py MX_FAMILIES: 1.56 TB, half a million tensors),
+# timed beside them and reported, not gated: issue 20's target names the families above
+STARTUP_MEASURED = ("kimi-k3",)
 MX_LABEL = "convert native (MX re-layout)"
 TARGET_MX_RATIO = 1.0  # a pure re-layout: at most `cp -r` + sync of the same source
 
@@ -312,13 +316,14 @@ def fullscale_startup(args) -> None:
     work = args.cache / "out"
     work.mkdir(parents=True, exist_ok=True)
     commands = []
-    for key in STARTUP_FAMILIES:
+    families = {**fullscale.FAMILIES, **fullscale.MX_FAMILIES}
+    for key in STARTUP_FAMILIES + STARTUP_MEASURED:
         root = args.cache / "fullscale-v1" / key
         if not root.is_dir():
             print(f"writing {root} ...", file=sys.stderr)
             partial = root.parent / (key + ".partial")
             shutil.rmtree(partial, ignore_errors=True)
-            fullscale.write_sparse_checkpoint(fullscale.FAMILIES[key](), partial)
+            fullscale.write_sparse_checkpoint(families[key](), partial)
             partial.rename(root)
         warm_headers(root)
         dry_run = ["convert", "--dry-run", "--scheme", "w4a8-mxfp-moe", str(root), str(work / "package")]
@@ -333,12 +338,13 @@ def fullscale_startup(args) -> None:
     print(f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores, load {load:.1f}, "
           f"median of {args.reps}")
     print(f"{'family':24s} {'inspect s':>10s} {'CPU s':>6s} {'dry-run s':>10s} {'CPU s':>6s} {'peak RSS':>9s}")
-    for key, inspect, dry in zip(STARTUP_FAMILIES, rows[::2], rows[1::2]):
+    for key, inspect, dry in zip(STARTUP_FAMILIES + STARTUP_MEASURED, rows[::2], rows[1::2]):
         rss = max(inspect["peak_rss_mib"], dry["peak_rss_mib"])
         print(f"{key:24s} {inspect['median_s']:10.2f} {inspect['cpu_s']:6.2f} {dry['median_s']:10.2f} {dry['cpu_s']:6.2f} "
-              f"{rss:5.0f} MiB")
+              f"{rss:5.0f} MiB" + ("  (not gated)" if key in STARTUP_MEASURED else ""))
+    gated = rows[: 2 * len(STARTUP_FAMILIES)]
     checks = [(f"{row['command']}: <= {TARGET_FULLSCALE_START_S:g} s ({row['median_s']:.2f} s)",
-               row["median_s"] <= TARGET_FULLSCALE_START_S) for row in rows]
+               row["median_s"] <= TARGET_FULLSCALE_START_S) for row in gated]
     for text, ok in checks:
         print(f"  {'PASS' if ok else 'FAIL'}  {text}")
     if args.json:
