@@ -30,7 +30,7 @@ from ascendconv.errors import (
     PartError,
     ShardChecksumError,
 )
-from ascendconv.io.outdir import StagedOutput, check_output, signals_interrupt
+from ascendconv.io.outdir import StagedOutput, check_output, interruptible
 from ascendconv.io.output import check_free_space, check_output_path, existing_ancestor, output_errors, space_needed
 from ascendconv.io.checksum import CHECKSUM, hashed_file
 from ascendconv.io.files import COPY_CHUNK, copy_regular, create_new, file_size, is_text, open_regular, read_json_object
@@ -163,8 +163,12 @@ def check_files(parts: list[Part], workers: int, progress: Progress | None) -> d
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         for (part, name, want), (got, status) in zip(jobs, pool.map(digest_of, jobs)):
             if got != want:
-                state = "is missing" if got is None else f"has {CHECKSUM} {got[:16]}..., not the {want[:16]}... recorded"
-                raise ShardChecksumError(f"{part.directory / name}: {state} in {part.label}'s manifest")
+                state = (
+                    f"is not in {part.directory}, though {part.label}'s manifest lists it"
+                    if got is None
+                    else f"has {CHECKSUM} {got[:16]}..., not the {want[:16]}... recorded in {part.label}'s manifest"
+                )
+                raise ShardChecksumError(f"{part.directory / name}: {state}")
             identities[part.directory / name] = (status.st_dev, status.st_ino)
             done += status.st_size
             if progress:
@@ -264,18 +268,19 @@ def assemble(
 ) -> AssembleResult:
     started = time.perf_counter()
     out = Path(out)
-    checked = checked_parts([Path(d) for d in directories], workers, progress)
-    parts = checked.parts
+    with interruptible(out):
+        checked = checked_parts([Path(d) for d in directories], workers, progress)
+        parts = checked.parts
 
-    def check() -> None:
-        for part in parts:
-            check_output(out, part.directory, overwrite, DESCRIPTION_NAME)
+        def check() -> None:
+            for part in parts:
+                check_output(out, part.directory, overwrite, DESCRIPTION_NAME, "part")
 
-    check_output_path(out)
-    check()
-    check_free_space(out, space_to_assemble(out, parts))
-    with output_errors(out, shard_size_option=False), signals_interrupt(), StagedOutput(out, check) as staged:
-        bytes_written, linked = assemble_into(staged.staging, parts, checked.identities)
-        staged.publish()
+        check_output_path(out)
+        check()
+        check_free_space(out, space_to_assemble(out, parts))
+        with output_errors(out, shard_size_option=False), StagedOutput(out, check) as staged:
+            bytes_written, linked = assemble_into(staged.staging, parts, checked.identities)
+            staged.publish()
     shards = sum(len(p.manifest["shards"]) for p in parts)
     return AssembleResult(out, len(parts), shards, linked, bytes_written, time.perf_counter() - started)

@@ -22,7 +22,7 @@ from ascendconv.assemble import assemble_into, checked_parts
 from ascendconv.convert import ConvertOptions, ConvertResult, convert, plan_for, space_to_write
 from ascendconv.pipeline import Kernel, Progress
 from ascendconv.errors import AscendconvError, PartFailedError, RayCapacityError, RayMissingError, RayUnreachableError
-from ascendconv.io.outdir import StagedOutput, as_interrupt, check_output, signals_interrupt, signals_kept
+from ascendconv.io.outdir import StagedOutput, as_interrupt, check_output, interruptible, signals_kept
 from ascendconv.io.output import check_free_space, check_output_path, output_errors
 from ascendconv.options import RayOptions
 from ascendconv.parts import check_part_count
@@ -141,7 +141,7 @@ def convert_on_ray(
         source.close()
     started_ray = not ray.is_initialized()
     # our SIGTERM / SIGINT handling from the start: Ray's own would exit 1 (or 134) with its dump
-    with signals_interrupt():
+    with interruptible(out):
         if started_ray:
             start_ray(ray, ray_options)
         try:

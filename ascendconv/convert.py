@@ -17,7 +17,7 @@ from ascendconv.ascendv1 import DESCRIPTION_NAME
 from ascendconv.errors import BadOptionError, InputError
 from ascendconv.io.files import file_size, mapped_reads_guarded
 from ascendconv.io.package import refuse_package_as_source
-from ascendconv.io.outdir import STAGING_TAG, StagedOutput, check_output, signals_interrupt, stale_siblings
+from ascendconv.io.outdir import STAGING_TAG, StagedOutput, check_output, interruptible, stale_siblings
 from ascendconv.io.output import check_free_space, check_output_path, output_errors, space_needed
 from ascendconv.options import KERNELS, ConvertOptions
 from ascendconv.package_files import copied_file_digests, provenance_record, write_package_files, write_plan_files
@@ -123,49 +123,56 @@ def convert(
     """`on_shard(closed, count)` is told as each of the run's shards is finished (a CI heartbeat)."""
     started = time.perf_counter()
     out = Path(out)
-    try:
-        source = open_source(src)
-    except InputError:
-        # a package's own files in a source that opens are stray copies (left out, see plan.py), but
-        # a package given as SRC fails to open as a source: say what it is instead
-        refuse_package_as_source(Path(src))
-        raise
-    try:
-        plan = plan_for(source, options)
-        wanted = part_shards(plan, options.part)
-        if options.kernel not in KERNELS:
-            raise BadOptionError(f"unknown kernel {options.kernel!r}", f"choose one of {', '.join(KERNELS)}")
-        if dry_run:  # no kernel: importing (let alone compiling) one is most of a dry run's time
-            return ConvertResult(out, plan, options.kernel, time.perf_counter() - started, True, {}, 0, part=options.part)
-        kernel = Kernel(options.kernel)
-        with mapped_reads_guarded():  # the provenance counts NaN/Inf in copied tensors, read mapped
-            provenance = provenance_record(source, plan, kernel.name, options)
-        identity = plan_identity(provenance.base(), plan, options, copied_file_digests(source, plan))
-        marker = PART_MANIFEST_NAME if options.part else DESCRIPTION_NAME
-        check = lambda: check_output(out, source.root, options.overwrite, marker)  # noqa: E731
-        check_output_path(out)  # first: names too long for the file system make stat() itself fail
-        check()  # before anything is created; again under the lock
-        check_free_space(out, space_to_write(source, plan, wanted, out, options.resume))
-        kernel.prepare(plan, source, notice)
-        adopt = adopter(identity, out, options.overwrite) if options.resume else None
-        workers = worker_count(options.workers)
-        closed = shard_counter(len(wanted), on_shard)
-        with output_errors(out), signals_interrupt(), mapped_reads_guarded(), StagedOutput(out, check, adopt) as staged:
-            if options.resume:
-                digests, reads, reused = resume_shards(source, plan, kernel, staged, workers, progress, wanted, identity, closed)
-            else:
-                (digests, reads), reused = write_shards(source, plan, kernel, staged.staging, workers, progress, wanted, closed), {}
-            if options.part:
-                small_files = write_plan_files(source, plan, staged.staging, provenance)
-                write_part_manifest(staged.staging, identity, options.part, digests, small_files, reads)
-            else:
-                write_package_files(source, plan, staged.staging, provenance, digests, reads)
-            bytes_written = sum((staged.staging / name).stat().st_size for name in digests)
-            staged.publish(private=(LEDGER_NAME,))
-        seconds = time.perf_counter() - started
-        return ConvertResult(out, plan, kernel.name, seconds, False, digests, bytes_written, sorted(reused), options.part)
-    finally:
-        source.close()
+    with interruptible(out):
+        try:
+            source = open_source(src)
+        except InputError:
+            # a package's own files in a source that opens are stray copies (left out, see plan.py), but
+            # a package given as SRC fails to open as a source: say what it is instead
+            refuse_package_as_source(Path(src))
+            raise
+        try:
+            plan = plan_for(source, options)
+            wanted = part_shards(plan, options.part)
+            if options.kernel not in KERNELS:
+                raise BadOptionError(f"unknown kernel {options.kernel!r}", f"choose one of {', '.join(KERNELS)}")
+            marker = PART_MANIFEST_NAME if options.part else DESCRIPTION_NAME
+            check = lambda: check_output(out, source.root, options.overwrite, marker)  # noqa: E731
+            check_output_path(out)  # first: names too long for the file system make stat() itself fail
+            check()  # before anything is created, a dry run's too (it says what the run would refuse); again under the lock
+            if dry_run:  # no kernel: importing (let alone compiling) one is most of a dry run's time
+                return ConvertResult(out, plan, options.kernel, time.perf_counter() - started, True, {}, 0, part=options.part)
+            kernel = Kernel(options.kernel)
+            with mapped_reads_guarded():  # the provenance counts NaN/Inf in copied tensors, read mapped
+                provenance = provenance_record(source, plan, kernel.name, options)
+            identity = plan_identity(provenance.base(), plan, options, copied_file_digests(source, plan))
+            check_free_space(out, space_to_write(source, plan, wanted, out, options.resume))
+            kernel.prepare(plan, source, notice)
+            adopt = adopter(identity, out, options.overwrite) if options.resume else None
+            workers = worker_count(options.workers)
+            closed = shard_counter(len(wanted), on_shard)
+            staged_output = StagedOutput(out, check, adopt, LEDGER_NAME, notice)
+            # output_errors twice: outside for the staging's own set-up, inside so that a write error is
+            # named before the staging's clean-up adds where kept work is (--resume)
+            with output_errors(out), mapped_reads_guarded(), staged_output as staged, output_errors(out):
+                if options.resume:
+                    digests, reads, reused = resume_shards(
+                        source, plan, kernel, staged, workers, progress, wanted, identity, closed
+                    )
+                else:
+                    reused = {}
+                    digests, reads = write_shards(source, plan, kernel, staged.staging, workers, progress, wanted, closed)
+                if options.part:
+                    small_files = write_plan_files(source, plan, staged.staging, provenance)
+                    write_part_manifest(staged.staging, identity, options.part, digests, small_files, reads)
+                else:
+                    write_package_files(source, plan, staged.staging, provenance, digests, reads)
+                bytes_written = sum((staged.staging / name).stat().st_size for name in digests)
+                staged.publish()
+            seconds = time.perf_counter() - started
+            return ConvertResult(out, plan, kernel.name, seconds, False, digests, bytes_written, sorted(reused), options.part)
+        finally:
+            source.close()
 
 
 def shard_counter(count: int, on_shard: Callable[[int, int], None] | None) -> Callable[[str, str, str], None]:

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 import ascendconv.io.outdir as outdir
 from ascendconv.cli import app
 from ascendconv.convert import ConvertOptions, convert
-from ascendconv.errors import Interrupted, NotFoundError, UnsafeOutputError
+from ascendconv.errors import Interrupted, NotFoundError, OutputExistsError, OutputPathError, UnsafeOutputError
 from ascendconv.io.hfcache import resolve_source
 from ascendconv.io.outdir import OLD_TAG, STAGING_TAG, OutputLock
 from conftest import FIXTURES, write_large_checkpoint
@@ -336,3 +336,141 @@ def test_mapped_reads_guard_names_the_file_a_writer_takes(tmp_path):
             del data
     assert writer.wait(timeout=30) == 0  # the truncation went ahead once the lease was released
     assert shard.stat().st_size == 10
+
+
+def test_what_appears_at_out_during_a_run_is_never_replaced(fixture_copy, tmp_path):
+    src = fixture_copy(DENSE)
+    out = tmp_path / "out"
+
+    def someone_writes_there(closed, count):  # told as each shard closes, before the publish
+        (out / "precious").mkdir(parents=True, exist_ok=True)
+        (out / "precious" / "data.txt").write_text("important\n")
+
+    with pytest.raises(OutputExistsError) as caught:
+        convert(src, out, ConvertOptions(), on_shard=someone_writes_there)
+    assert str(out) in caught.value.message and "changed while the package was being written" in caught.value.message
+    assert (out / "precious" / "data.txt").read_text() == "important\n"
+    assert sorted(p.name for p in out.iterdir()) == ["precious"] and hidden_siblings(tmp_path) == []
+
+
+def test_a_symlink_that_appears_at_out_during_a_run_is_left_alone(fixture_copy, tmp_path):
+    src = fixture_copy(DENSE)
+    out, victim = tmp_path / "out", tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep").write_text("x")
+
+    def someone_links_there(closed, count):
+        if not out.is_symlink():
+            out.symlink_to(victim)
+
+    with pytest.raises(UnsafeOutputError, match="changed while the package was being written"):
+        convert(src, out, ConvertOptions(), on_shard=someone_links_there)
+    assert out.is_symlink() and sorted(p.name for p in victim.iterdir()) == ["keep"]
+    assert hidden_siblings(tmp_path) == []
+
+
+def test_a_failed_final_rename_puts_the_old_package_back(fixture_copy, tmp_path, monkeypatch):
+    src = fixture_copy(DENSE)
+    out = tmp_path / "out"
+    convert(src, out, ConvertOptions())
+    before = tree(out)
+    real_rename = Path.rename
+
+    def rename(self, target):
+        if STAGING_TAG in self.name:
+            raise PermissionError(1, "Operation not permitted", str(self))
+        return real_rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", rename)
+    with pytest.raises(OutputPathError) as caught:
+        convert(src, out, ConvertOptions(overwrite=True, scale_rule="floor"))
+    assert caught.value.message.startswith(f"{out}: the finished package could not be renamed into place")
+    assert tree(out) == before and hidden_siblings(tmp_path) == []
+
+
+def test_old_remains_that_cannot_be_removed_leave_the_new_package_a_success(fixture_copy, tmp_path, monkeypatch):
+    src = fixture_copy(DENSE)
+    out = tmp_path / "out"
+    convert(src, out, ConvertOptions())
+    real_rmtree = outdir.shutil.rmtree
+
+    def rmtree(path, ignore_errors=False, **kwargs):  # an immutable file in the old package
+        if OLD_TAG in str(path):
+            return None if ignore_errors else real_rmtree("/nonexistent/path")
+        return real_rmtree(path, ignore_errors=ignore_errors, **kwargs)
+
+    monkeypatch.setattr(outdir.shutil, "rmtree", rmtree)
+    notices: list[str] = []
+    result = convert(src, out, ConvertOptions(overwrite=True, scale_rule="floor"), notice=notices.append)
+    assert json.loads((out / "ascendconv_provenance.json").read_text())["scale_rule"] == "floor"
+    (old,) = [p for p in tmp_path.iterdir() if OLD_TAG in p.name]
+    assert notices == [
+        f"the new package is complete at {out}; the old one's remains at {old} are removed by the next run to "
+        "that output (or remove them yourself)"
+    ]
+    assert result.output == out
+
+
+@pytest.mark.parametrize("where", ["source", "file", "symlink"])
+def test_a_dry_run_refuses_the_outputs_the_run_refuses(fixture_copy, tmp_path, where):
+    src = fixture_copy(DENSE)
+    out = {"source": src, "file": tmp_path / "afile", "symlink": tmp_path / "link"}[where]
+    if where == "file":
+        out.write_text("x")
+    if where == "symlink":
+        out.symlink_to(src)
+    real = run_convert(src, out)
+    dry = runner.invoke(app, ["convert", str(src), str(out), "--dry-run", "--json"])
+    assert real.exit_code == dry.exit_code == 2
+    assert json.loads(dry.stdout)["error"] == json.loads(runner.invoke(app, ["convert", str(src), str(out), "--json"]).stdout)["error"]
+
+
+def test_a_file_at_out_is_not_told_to_pass_overwrite(fixture_copy, tmp_path):
+    (tmp_path / "afile").write_text("x")
+    result = runner.invoke(app, ["convert", str(fixture_copy(DENSE)), str(tmp_path / "afile"), "--overwrite", "--json"])
+    envelope = json.loads(result.stdout)
+    assert result.exit_code == 2 and envelope["message"].endswith("afile: exists and is not a directory")
+    assert "--overwrite" not in envelope["hint"]
+
+
+def test_an_interrupt_before_the_output_is_staged_says_nothing_was_written(fixture_copy, tmp_path, monkeypatch):
+    import ascendconv.convert as convert_module
+
+    def prepare(self, plan, source, notice):  # as SIGTERM arrives while the kernels compile
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(1)
+
+    monkeypatch.setattr(convert_module.Kernel, "prepare", prepare)
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["convert", str(fixture_copy(DENSE)), str(out), "--json"])
+    assert result.exit_code == 143
+    envelope = json.loads(result.stdout)
+    assert envelope["error"] == "Interrupted" and envelope["hint"] == f"nothing was written at {out}"
+    assert not out.exists()
+
+
+def test_a_second_interrupt_while_threads_wind_down_exits_at_once_without_a_traceback():
+    code = (
+        "import os, signal, threading, time\n"
+        "from ascendconv.cli import exit_quietly_if_interrupted_again\n"
+        "exit_quietly_if_interrupted_again()\n"
+        "def worker():\n"
+        "    time.sleep(0.5)\n"
+        "    os.kill(os.getpid(), signal.SIGINT)  # while the main thread waits for this one at exit\n"
+        "    time.sleep(30)\n"
+        "threading.Thread(target=worker).start()\n"
+        "print('reported', flush=True)\n"
+    )
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout, done.stderr) == (130, "reported\n", "")
+    assert time.monotonic() - started < 20
+
+
+@pytest.mark.parametrize(
+    "options, words", [(["--resume"], "cannot be combined with --part or --resume"), (["--ray-cpus", "0"], "--ray-cpus 0: must be a whole number 1 or more")]
+)
+def test_a_dry_run_checks_the_ray_options_as_the_run_does(fixture_copy, tmp_path, options, words):
+    src = fixture_copy(DENSE)
+    result = runner.invoke(app, ["convert", str(src), str(tmp_path / "out"), "--dry-run", "--ray", *options, "--json"])
+    assert result.exit_code == 2 and words in json.loads(result.stdout)["message"]

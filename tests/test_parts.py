@@ -153,7 +153,9 @@ def test_a_removed_shard_or_an_edited_manifest_is_refused(dense_parts, tmp_path)
     parts = [copy_part(dense_parts["dense", i], tmp_path / f"p{i}") for i in (1, 2, 3)]
     shard = next(parts[0].glob("quant_model_weights-*.safetensors"))
     shard.unlink()
-    assert "is missing" in assemble_refused(tmp_path, *parts)
+    assert f"{shard.name}: is not in {parts[0]}, though part 1/3 ({parts[0]})'s manifest lists it" in assemble_refused(
+        tmp_path, *parts
+    )
     shutil.copyfile(dense_parts["dense", 1] / shard.name, shard)
     manifest = parts[2] / "ascendconv_part.json"
     data = json.loads(manifest.read_text())

@@ -4,6 +4,7 @@ converts the rest, and the package is byte-identical to one written without inte
 
 from __future__ import annotations
 
+import errno
 import json
 import signal
 import subprocess
@@ -16,7 +17,7 @@ from typer.testing import CliRunner
 
 from ascendconv.cli import app
 from ascendconv.convert import ConvertOptions, convert, plan_for
-from ascendconv.errors import ResumeMismatchError
+from ascendconv.errors import OutputExistsError, OutputWriteError, ResumeMismatchError
 from ascendconv.io.outdir import STAGING_TAG
 from ascendconv.io.checksum import CHECKSUM, file_digest
 from ascendconv.io.writer import ShardWriter, TensorSpec
@@ -210,9 +211,52 @@ def test_without_resume_a_failed_run_leaves_nothing_and_discards_kept_work(large
     assert sorted(tmp_path.iterdir()) == []
     interrupted_half_way(src, out)
     assert len(stagings(out)) == 1
-    result = convert(src, out, plain)  # the old behaviour: stale staging is removed, all converted
+    (kept,) = stagings(out)
+    notices: list[str] = []
+    result = convert(src, out, plain, notice=notices.append)  # stale staging is removed, all converted
     assert result.reused_shards == [] and stagings(out) == []
     assert tree(out) == tree(fast_golden)
+    assert notices == [
+        f"removed {kept}: unfinished work an earlier --resume run kept for {out}; with --resume this run would have reused it"
+    ]
+
+
+def test_a_failed_final_rename_keeps_the_work_resumable(large, fast_golden, tmp_path):
+    src, _ = large
+    out = tmp_path / "out"
+
+    def a_file_appears(closed, count):
+        if closed == count:
+            out.write_text("oops\n")
+
+    with pytest.raises(OutputExistsError) as caught:
+        convert(src, out, FAST, on_shard=a_file_appears)
+    assert caught.value.message.startswith(f"{out}: exists and is not a directory: it changed while")
+    (kept,) = stagings(out)
+    assert f"finished shards are kept in {kept}" in caught.value.hint
+    assert out.read_text() == "oops\n"
+    out.unlink()
+    result = convert(src, out, FAST)
+    assert sorted(result.reused_shards) == sorted(ledger_names(fast_golden)) and result.shard_checksums
+    assert tree(out) == tree(fast_golden) and stagings(out) == []
+
+
+def ledger_names(package: Path) -> list[str]:
+    return [p.name for p in package.glob("quant_model_weights-*.safetensors")]
+
+
+def test_a_write_error_says_the_finished_shards_are_kept(large, tmp_path, monkeypatch):
+    import ascendconv.convert as convert_module
+
+    def full(*args, **kwargs):
+        raise OSError(errno.EFBIG, "File too large", "README.md")
+
+    monkeypatch.setattr(convert_module, "write_package_files", full)
+    out = tmp_path / "out"
+    with pytest.raises(OutputWriteError) as caught:
+        convert(large[0], out, FAST)
+    (kept,) = stagings(out)
+    assert "ulimit -f" in caught.value.hint and f"finished shards are kept in {kept}" in caught.value.hint
 
 
 def test_a_part_resumes_too(large, fast_golden, tmp_path):

@@ -7,10 +7,12 @@ they share are in `options.py`, the human output in `render/`.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import os
 import signal
 import sys
+import threading
 from typing import Callable
 
 import typer
@@ -111,7 +113,33 @@ def run(action: Callable[[], object], as_json: bool, command: str) -> object:
         code = exc.exit_code if isinstance(exc, Interrupted) else EXIT_INTERRUPTED
         if as_json:
             dump_envelope(error_envelope(command, "Interrupted", f"interrupted {what}".strip(), outcome, code))
+        exit_quietly_if_interrupted_again()
         raise typer.Exit(code)
+
+
+def exit_quietly_if_interrupted_again() -> None:
+    """After an interrupt is reported, a second one while the interpreter waits for worker threads
+    to wind down (an impatient Ctrl-C) ends the process at once, as the first one's exit would,
+    instead of printing a traceback from the interpreter's shutdown. What is at OUT was settled
+    before the report. The handlers go in as that shutdown begins, so that a library caller (or a
+    test runner) that goes on after the interrupt keeps its own."""
+    from ascendconv.io.outdir import INTERRUPTING_SIGNALS
+
+    def leave(signum: int, frame) -> None:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(128 + signum)
+
+    def install() -> None:
+        for name in INTERRUPTING_SIGNALS:
+            signal.signal(getattr(signal, name), leave)
+
+    # threading runs these before it joins the remaining threads, at shutdown (Python >= 3.9)
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None and threading.current_thread() is threading.main_thread():
+        with contextlib.suppress(RuntimeError):  # shutdown has begun already
+            register(install)
 
 
 def header_only_process() -> None:

@@ -120,8 +120,8 @@ def convert(
             allow_unmatched_overrides=allow_unmatched_override,
         )
         runner = run_convert
-        if (ray or ray_address) and not dry_run:
-            runner = ray_runner(options, ray_address, ray_parts, ray_cpus, ray_retries)
+        if ray or ray_address:
+            runner = ray_runner(options, ray_address, ray_parts, ray_cpus, ray_retries, dry_run)
         bar, progress, on_shard = byte_progress(quiet or dry_run, "converting")
         if bar is None:
             return runner(resolve_source(src), out_dir, options, progress, dry_run, notice, on_shard)
@@ -163,9 +163,13 @@ def parse_shard_size(text: str) -> int:
         raise BadOptionError(f"--max-shard-size: {exc.message}", exc.hint) from None
 
 
-def ray_runner(options: ConvertOptions, address: Optional[str], parts: int, cpus: int, retries: int) -> Callable:
-    """convert's stand-in under --ray: the same call, run as Ray tasks."""
+def ray_runner(
+    options: ConvertOptions, address: Optional[str], parts: int, cpus: int, retries: int, dry_run: bool
+) -> Callable:
+    """convert's stand-in under --ray: the same call, run as Ray tasks. A dry run checks the Ray
+    options as the run would, then plans here: the plan is the same wherever it runs."""
     from ascendconv.cluster import convert_on_ray, import_ray
+    from ascendconv.convert import convert as run_convert
     from ascendconv.errors import BadOptionError
 
     if options.part or options.resume:
@@ -174,6 +178,8 @@ def ray_runner(options: ConvertOptions, address: Optional[str], parts: int, cpus
             "under --ray a failed task is retried and reuses the shards it finished (--ray-retries)",
         )
     ray_options = RayOptions(address=address, parts=parts, cpus_per_task=cpus, max_retries=retries)  # checked first
+    if dry_run:
+        return run_convert
     import_ray()  # fails at once, with how to install it
     return lambda src, out, options, progress, dry_run, notice, on_shard=None: convert_on_ray(
         src, out, options, ray_options, progress

@@ -24,7 +24,14 @@ import threading
 from pathlib import Path
 from typing import Callable, Iterator, NoReturn
 
-from ascendconv.errors import AscendconvError, Interrupted, OutputBusyError, OutputExistsError, UnsafeOutputError
+from ascendconv.errors import (
+    AscendconvError,
+    Interrupted,
+    OutputBusyError,
+    OutputExistsError,
+    OutputPathError,
+    UnsafeOutputError,
+)
 from ascendconv.io.files import is_within
 
 STAGING_TAG = ".ascendconv-staging-"
@@ -40,26 +47,27 @@ def looks_like_package(path: Path, marker: str) -> bool:
     return any(e.name == marker for e in entries) and all(e.is_file() and not e.is_symlink() for e in entries)
 
 
-def check_output(out: Path, source_root: Path, overwrite: bool, marker: str) -> None:
-    """Refuse an OUT that would lose data: the source, its ancestors or descendants, a mount point,
-    the filesystem root or home, a symlink, or (with --overwrite) a directory that is not a package."""
+def check_output(out: Path, source_root: Path, overwrite: bool, marker: str, source: str = "source") -> None:
+    """Refuse an OUT that would lose data: the source (what the messages call `source`: assemble's
+    are parts), its ancestors or descendants, a mount point, the filesystem root or home, a symlink,
+    or (with --overwrite) a directory that is not a package."""
     real_out = Path(os.path.realpath(out))
     real_src = Path(os.path.realpath(source_root))
     shown = f"{out}" + (f" (= {real_out})" if str(real_out) != str(out.absolute()) else "")
     if real_out == Path(real_out.anchor) or real_out == Path(os.path.realpath(Path.home())):
         raise UnsafeOutputError(f"{shown}: the output directory is the filesystem root or the home directory")
     if real_out == real_src:  # --overwrite cannot help: the source is never replaced
-        raise OutputExistsError(f"{shown}: the output directory is the source directory", "choose an OUT other than the source")
+        raise OutputExistsError(f"{shown}: the output directory is the {source} directory", f"choose an OUT other than the {source}")
     if is_within(real_src, real_out):
-        raise UnsafeOutputError(f"{shown}: the output directory contains the source {source_root}")
+        raise UnsafeOutputError(f"{shown}: the output directory contains the {source} {source_root}")
     if is_within(real_out, real_src):
-        raise UnsafeOutputError(f"{shown}: the output directory lies inside the source {source_root}")
+        raise UnsafeOutputError(f"{shown}: the output directory lies inside the {source} {source_root}")
     if out.is_symlink():
         raise UnsafeOutputError(f"{out}: is a symbolic link to {os.readlink(out)}", "pass the real path as OUT")
     if not out.exists():
         return
-    if not out.is_dir():
-        raise OutputExistsError(f"{out}: exists and is not a directory")
+    if not out.is_dir():  # --overwrite replaces only a package, never a file
+        raise OutputExistsError(f"{out}: exists and is not a directory", "choose a new or empty directory as OUT")
     if os.path.ismount(out):
         raise UnsafeOutputError(f"{out}: is a mount point", "write the package into a new directory inside it")
     if not any(out.iterdir()):
@@ -117,6 +125,20 @@ def signals_interrupt() -> Iterator[None]:
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
+
+
+@contextlib.contextmanager
+def interruptible(out: Path) -> Iterator[None]:
+    """signals_interrupt around a whole command that writes OUT: an interrupt before its StagedOutput
+    exists (while planning, or compiling kernels) ends the run as a later one does, saying that
+    nothing was written."""
+    with signals_interrupt():
+        try:
+            yield
+        except KeyboardInterrupt as exc:
+            if getattr(exc, "outcome", None) is None:
+                exc.outcome = f"nothing was written at {out}"  # type: ignore[attr-defined]
+            raise
 
 
 @contextlib.contextmanager
@@ -256,12 +278,23 @@ class StagedOutput:
     With `resume` (a callable), the staging directory is kept when the run fails, and the next run
     adopts a kept one: the first stale staging sibling for which `resume(path)` is true becomes
     `staging` again (`resumed` says so); the others are removed as usual. `resume` may raise to refuse.
+    `ledger` names the bookkeeping file of kept work (never part of the published package), and
+    `notice` is told what the user would not otherwise see: kept work removed, old remains left.
     """
 
-    def __init__(self, out: Path, check, resume: Callable[[Path], bool] | None = None):
+    def __init__(
+        self,
+        out: Path,
+        check,
+        resume: Callable[[Path], bool] | None = None,
+        ledger: str | None = None,
+        notice: Callable[[str], None] | None = None,
+    ):
         self.out = out
         self.check = check
         self.resume = resume
+        self.ledger = ledger
+        self.notice = notice
         self.lock = OutputLock(out)
         self.created: list[Path] = []
         self.staging: Path | None = None
@@ -278,7 +311,7 @@ class StagedOutput:
                 if self._adopt(stale):
                     self.staging, self.resumed = stale, True
                 else:
-                    shutil.rmtree(stale)
+                    self._remove_stale(stale)
             if self.staging is None:
                 self.staging = self.out.parent / f".{self.out.name}{STAGING_TAG}{secrets.token_hex(8)}"
                 self.staging.mkdir()
@@ -287,32 +320,66 @@ class StagedOutput:
             raise
         return self
 
+    def _remove_stale(self, stale: Path) -> None:
+        """Remove what a dead run left; kept --resume work (its ledger inside) not without saying so."""
+        kept = self.ledger is not None and STAGING_TAG in stale.name and (stale / self.ledger).is_file()
+        shutil.rmtree(stale)
+        if kept and self.notice is not None:
+            self.notice(
+                f"removed {stale}: unfinished work an earlier --resume run kept for {self.out}"
+                + ("; with --resume this run would have reused it" if self.resume is None else "")
+            )
+
     def _adopt(self, stale: Path) -> bool:
         return (
             self.resume is not None and self.staging is None and STAGING_TAG in stale.name and self.resume(stale)
         )
 
-    def publish(self, private: tuple[str, ...] = ()) -> None:
-        """Rename staging to OUT; the files named in `private` (bookkeeping) are removed just before."""
+    def publish(self) -> None:
+        """Rename staging to OUT, if OUT is still as `check` found it when the run began: what was put
+        there since is never replaced. The ledger is removed only once the package is in place, so
+        that a failed rename leaves kept work resumable."""
         assert self.staging is not None
+        try:
+            self.check()
+        except AscendconvError as exc:
+            changed = f"{exc.message}: it changed while the package was being written, and is left as it is"
+            raise type(exc)(changed, exc.hint) from None
         replacing = self.out.is_dir() and any(self.out.iterdir())
         with signals_deferred():  # the two renames: both or neither
-            for name in private:
-                with contextlib.suppress(FileNotFoundError):
-                    (self.staging / name).unlink()
             if replacing:
                 self.trash = self.out.parent / f".{self.out.name}{OLD_TAG}{secrets.token_hex(8)}"
                 self.out.rename(self.trash)
             try:
                 self.staging.rename(self.out)
             except OSError as exc:
-                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
-                    raise
-                raise OutputExistsError(f"{self.out}: appeared while the package was being written") from exc
+                self._restore_old()
+                raise self._not_published(exc) from exc
             self.published = True
+            if self.ledger is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    (self.out / self.ledger).unlink()
         if self.trash is not None:
-            shutil.rmtree(self.trash)
-            self.trash = None
+            shutil.rmtree(self.trash, ignore_errors=True)
+            if self.trash.exists():  # the new package is complete all the same: say what is left
+                if self.notice is not None:
+                    self.notice(self.outcome)
+            else:
+                self.trash = None
+
+    def _restore_old(self) -> None:
+        if self.trash is not None:
+            with contextlib.suppress(OSError):
+                self.trash.rename(self.out)
+                self.trash = None
+
+    def _not_published(self, exc: OSError) -> AscendconvError:
+        if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+            return OutputExistsError(f"{self.out}: appeared while the package was being written, and is left as it is")
+        return OutputPathError(
+            f"{self.out}: the finished package could not be renamed into place ({exc.strerror})",
+            f"make {self.out} replaceable (or remove it), then run the same command again",
+        )
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self._clean_up(exc)
