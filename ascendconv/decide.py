@@ -215,6 +215,20 @@ class ModuleFacts:
     native: str | None = None  # the type an MX source linear already is (sources/base.py)
 
 
+def module_group(
+    prefix: str, expert: dict[str, str] | None, rules: ModelRules, deployment: Deployment
+) -> tuple[str, bool]:
+    """The group a module is decided with, and whether it takes the routed experts' rules
+    (`expert`: rules.routed_expert(prefix))."""
+    if expert is not None:
+        return expert["layer"] + ".experts", True
+    if deployment.shared_experts_as_routed:
+        shared_in = rules.shared_expert_layer(prefix)
+        if shared_in is not None:  # loaded into the routed experts' tensor: one of them
+            return shared_in + ".experts", True
+    return rules.fused_group(prefix), False
+
+
 def module_facts(
     linears: dict[str, SourceLinear], rules: ModelRules = GENERIC_RULES, deployment: Deployment = Deployment()
 ) -> dict[str, ModuleFacts]:
@@ -228,18 +242,13 @@ def module_facts(
     routed_facts: dict[tuple, ModuleFacts] = {}
     for prefix, linear in linears.items():
         expert = rules.routed_expert(prefix)
-        routed = expert is not None
-        if routed:
+        if expert is not None:
             same = (expert["layer"], expert["proj"], linear.weight.shape, linear.encoding)
             fact = routed_facts.get(same)
             if fact is not None:
                 facts[prefix] = fact
                 continue
-        group = expert["layer"] + ".experts" if routed else rules.fused_group(prefix)
-        if deployment.shared_experts_as_routed and not routed:
-            shared_in = rules.shared_expert_layer(prefix)
-            if shared_in is not None:  # loaded into the routed experts' tensor: one of them
-                routed, group = True, shared_in + ".experts"
+        group, routed = module_group(prefix, expert, rules, deployment)
         shape = linear.shape
         k, k_label = rank_k(prefix, shape[1], routed, deployment, rules)
         mtp = rules.is_mtp(prefix)
@@ -248,7 +257,7 @@ def module_facts(
         if fact is None:
             fact = interned[key] = ModuleFacts(*key)
         facts[prefix] = fact
-        if routed:
+        if expert is not None:  # not a shared expert placed with them: `same` is a routed expert's
             routed_facts[same] = fact
     return facts
 

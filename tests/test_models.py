@@ -202,6 +202,24 @@ def test_shared_experts_as_routed_take_the_routed_type_and_layer():
     assert written(plan)[shared] == "FLOAT"
 
 
+@pytest.mark.parametrize("shared_first", [True, False])
+def test_a_shared_expert_placed_as_routed_lends_its_facts_to_no_routed_expert(shared_first):
+    """module_facts remembers a routed expert's facts by layer, projection and weight for the experts
+    after it; a shared expert taken as routed (another shape) is not one of them, in any order."""
+    from ascendconv.decide import module_facts
+    from ascendconv.sources.hf_fp8_block import pair_fp8_linears
+
+    shared = fp8("model.layers.0.mlp.shared_experts.gate_proj", 512, 256)
+    spec = {**(shared if shared_first else {}), **fp8("model.layers.0.mlp.experts.0.gate_proj", 128, 256)}
+    spec.update({**({} if shared_first else shared), **fp8("model.layers.0.mlp.experts.1.gate_proj", 128, 256)})
+    linears = pair_fp8_linears(entries(spec), (128, 128))
+    rules, deployment = rules_for(DEEPSEEK), Deployment(shared_experts_as_routed=True)
+    together = module_facts(linears, rules, deployment)
+    assert together == {p: module_facts({p: linear}, rules, deployment)[p] for p, linear in linears.items()}
+    assert together["model.layers.0.mlp.experts.1.gate_proj"].shape == (128, 256)
+    assert together["model.layers.0.mlp.shared_experts.gate_proj"].group == "model.layers.0.mlp.experts"
+
+
 @pytest.mark.parametrize("tp", [0, -2])
 def test_tp_must_be_positive(tp):
     with pytest.raises(BadOptionError, match="--tp"):
