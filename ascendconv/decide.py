@@ -324,9 +324,12 @@ def decide_groups(
     facts: dict[str, ModuleFacts],
     groups: dict[str, list[str]],
     classes: dict[str, MemberClasses] | None = None,
+    unquantized: dict[str, tuple[str, str]] | None = None,
 ) -> dict[str, GroupDecision]:
     """Every group's written type and each member's outcome: what decide_modules spells out per
-    module. `classes`: member_classes(facts, groups), when known."""
+    module. `classes`: member_classes(facts, groups), when known. `unquantized`: group -> (module,
+    why) of a member the source does not quantize (plan.unquantized_members): it is written FLOAT as
+    stored, so its group is FLOAT too, and an --override asking otherwise is refused."""
     if scheme not in SCHEMES:
         raise BadOptionError(f"unknown scheme {scheme!r}", f"choose one of {', '.join(SCHEMES)}")
     if overrides or classes is None:
@@ -343,6 +346,10 @@ def decide_groups(
             asked[key] = want, best_feasible(want[0], fact.k, fact.routed, fact.k_label)
         lowest = min((fit[0] for _, fit in asked.values()), key=RANK.__getitem__)
         group_type = common_type(lowest, shape.fits)
+        held = unquantized.get(group) if unquantized else None  # (module, why): the group is FLOAT
+        if held is not None:
+            refuse_forced_members(group, held, asked, overrides)
+            group_type = FLOAT
         at = min((shape.firsts[key] for key, (_, fit) in asked.items() if fit[0] == group_type), default=None)
         if at is None:  # no member fits the group's type on its own: the one that set `lowest` led there
             at = min(shape.firsts[key] for key, (_, fit) in asked.items() if fit[0] == lowest)
@@ -350,16 +357,15 @@ def decide_groups(
         limiting_want, limiting_fit = asked[shape.keys[at]]
         # vllm-ascend reads a MoE layer's type from its first expert and a fused module's from one
         # member: the whole group takes the lowest type any member needs
-        if group.endswith(".experts"):
-            joined = f"one type per MoE layer; {limiting[len(group) - len('experts'):]}"
-        else:
-            joined = f"packed with {limiting}"
+        joined = joined_with(group, limiting)
         outcomes = {}
         for key, ((requested, why), (fit_type, fit_reason)) in asked.items():
             if group_type == requested:
                 reason = why
             elif fit_type == group_type and fit_reason:
                 reason = fit_reason
+            elif held is not None:
+                reason = f"{joined_with(group, held[0])}: {held[1]}"
             elif limiting_fit[1]:
                 reason = f"{joined}: {limiting_fit[1]}"
             else:
@@ -367,6 +373,27 @@ def decide_groups(
             outcomes[key] = requested, reason
         decided[group] = GroupDecision(group_type, members, shape.keys, outcomes, shape.mtp)
     return decided
+
+
+def joined_with(group: str, member: str) -> str:
+    """How a reason names the member that set its group's type."""
+    if group.endswith(".experts"):
+        return f"one type per MoE layer; {member[len(group) - len('experts'):]}"
+    return f"packed with {member}"
+
+
+def refuse_forced_members(group: str, held: tuple[str, str], asked: dict, overrides: list[Override]) -> None:
+    """An --override that asks an MX type of a member of a group that must stay FLOAT (`held`: the
+    member the source does not quantize, and why) is refused: the package it asks for mixes types,
+    and vllm-ascend refuses it. With overrides every member is its own key (member_classes)."""
+    for member, ((wanted, why), _) in asked.items():
+        if wanted != FLOAT and any(fnmatch.fnmatchcase(member, o.glob) for o in overrides):
+            kind = "MoE layer" if group.endswith(".experts") else "packed module"
+            raise BadOptionError(
+                f"{why} would write {member} as {wanted}, but the {kind} {group} holds {held[0]}: {held[1]}; "
+                f"vllm-ascend loads a {kind} in one type",
+                f"narrow the GLOB to leave {group} FLOAT, or quantize {held[0]} in the source",
+            )
 
 
 def module_decisions(decided: dict[str, GroupDecision], facts: dict[str, ModuleFacts]) -> dict[str, ModuleDecision]:

@@ -39,6 +39,7 @@ from ascendconv.decide import (
     member_classes,
     module_decisions,
     module_facts,
+    module_group,
     module_pattern,
 )
 from ascendconv.errors import BadOptionError
@@ -47,6 +48,7 @@ from ascendconv.formats.constants import FLOAT, RESOLVE_DTYPES, transform_for
 from ascendconv.io.safetensors import TensorEntry
 from ascendconv.io.writer import TensorSpec
 from ascendconv.sources import Source, SourceLinear
+from ascendconv.sources.plain import FLOAT_DTYPES
 from ascendconv.models import AddedTensor, ModelRules, rules_for
 
 
@@ -496,6 +498,37 @@ def shard_cuts(units: list[int], max_shard_size: int) -> list[int]:
         cuts.append(at)
 
 
+def unquantized_members(
+    layout: list[tuple], linears: dict[str, SourceLinear], groups: dict[str, list[str]], rules: ModelRules,
+    deployment: Deployment,
+) -> dict[str, tuple[str, str]]:
+    """Each group of source linears with a member the source does not quantize: the first such module
+    and why. A `.weight` of no source linear (left float by the release, stored F64 or as integers,
+    not 2-D) is copied as stored, FLOAT, and vllm-ascend loads a packed module or a MoE layer in one
+    type: the group is written FLOAT with it (verify's packed_groups would refuse it mixed)."""
+    found: dict[str, tuple[str, str]] = {}
+    for name, entry, prefix, _ in layout:
+        if prefix is not None or not name.endswith(".weight"):
+            continue
+        module = name[: -len(".weight")]
+        if module in linears:  # a linear whose weight is stored under another name: the package writes that one
+            continue
+        group, _ = module_group(module, rules.routed_expert(module), rules, deployment)
+        if group != module and group in groups and group not in found:
+            found[group] = module, unquantized_reason(entry)
+    return found
+
+
+def unquantized_reason(entry: TensorEntry) -> str:
+    """Why a source `.weight` is no linear ascendconv quantizes, in words."""
+    stored = f"{entry.dtype} {list(entry.shape)}"
+    if len(entry.shape) != 2 or 0 in entry.shape:
+        return f"the source stores it {stored}, not a 2-D weight, so it stays FLOAT"
+    if entry.dtype in FLOAT_DTYPES:
+        return f"the source leaves it unquantized ({stored}), so it stays FLOAT"
+    return f"the source stores it {stored}, a dtype ascendconv does not quantize, so it stays FLOAT"
+
+
 def files_to_copy(names: list[str]) -> tuple[list[str], dict[str, str]]:
     """Top-level source files the package carries (configs, tokenizer, templates, code, docs), and
     the ones it leaves out although they are not weights, with why."""
@@ -540,6 +573,7 @@ class Planner:
         self.facts = module_facts(linears, self.rules, self.deployment)
         self.groups = group_members(self.facts)
         self.layout = source_layout(tensors, linears)
+        self.unquantized = unquantized_members(self.layout, linears, self.groups, self.rules, self.deployment)
         heads = self.rules.mtp_heads(tensors)
         self.added, self.heads_left_out = (heads, []) if self.deployment.mtp_heads else ([], heads)
 
@@ -570,7 +604,9 @@ class Planner:
             raise BadOptionError(f"unknown resolve dtype {resolve_dtype!r}", "choose bf16 or fp32")
         if max_shard_size < 0:
             raise BadOptionError("--max-shard-size must not be negative")
-        groups = decide_groups(scheme, overrides or [], self.facts, self.groups, None if overrides else self.classes)
+        groups = decide_groups(
+            scheme, overrides or [], self.facts, self.groups, None if overrides else self.classes, self.unquantized
+        )
         plan = Plan(
             scheme=scheme,
             scale_rule=scale_rule,

@@ -130,6 +130,67 @@ def test_override_on_one_member_moves_its_packed_group_and_later_overrides_win()
     assert q.is_fallback and "packed with model.layers.0.self_attn.k_proj" in q.reason
 
 
+QKV = ("model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.k_proj", "model.layers.0.self_attn.v_proj")
+
+
+@pytest.mark.parametrize(
+    "dtype,shape,why",
+    [
+        ("BF16", (256, 256), "the source leaves it unquantized (BF16 [256, 256]), so it stays FLOAT"),
+        ("F64", (256, 256), "the source stores it F64 [256, 256], a dtype ascendconv does not quantize, so it stays FLOAT"),
+        ("I32", (256, 256), "the source stores it I32 [256, 256], a dtype ascendconv does not quantize, so it stays FLOAT"),
+        ("BF16", (256,), "the source stores it BF16 [256], not a 2-D weight, so it stays FLOAT"),
+    ],
+)
+def test_a_packed_member_the_source_does_not_quantize_keeps_its_whole_group_float(dtype, shape, why):
+    """q_proj copied as stored is FLOAT; vllm-ascend loads qkv_proj in one type, so k and v go FLOAT with it."""
+    spec = moe_layer()
+    del spec["model.layers.0.self_attn.q_proj.weight_scale_inv"]
+    spec["model.layers.0.self_attn.q_proj.weight"] = (dtype, shape)
+    plan = plan_of(spec, scheme="w8a8-mxfp8")
+    assert QKV[0] not in plan.decisions
+    assert {m: t for m, t in written(plan).items() if m in QKV} == {QKV[1]: "FLOAT", QKV[2]: "FLOAT"}
+    assert written(plan)["model.layers.0.self_attn.o_proj"] == "W8A8_MXFP8"
+    assert [(d.module, d.requested, d.written, d.reason) for d in plan.fallbacks] == [
+        (member, "W8A8_MXFP8", "FLOAT", f"packed with {QKV[0]}: {why}") for member in QKV[1:]
+    ]
+    assert {t.name: t.quant_type for t in plan.tensors if t.name.startswith(QKV)} == {
+        member + ".weight": "FLOAT" for member in QKV
+    }
+
+
+def test_a_routed_expert_the_source_does_not_quantize_keeps_its_moe_layer_float():
+    spec = moe_layer()
+    del spec["model.layers.0.mlp.experts.1.up_proj.weight_scale_inv"]
+    spec["model.layers.0.mlp.experts.1.up_proj.weight"] = ("BF16", (128, 256))
+    plan = plan_of(spec, scheme="w4a8-mxfp-moe")
+    assert {t for m, t in written(plan).items() if ".experts." in m} == {"FLOAT"}
+    assert written(plan)["model.layers.0.self_attn.q_proj"] == "W8A8_MXFP8"
+    reasons = {d.module: d.reason for d in plan.fallbacks}
+    assert sorted(reasons) == sorted(m for m in plan.decisions if ".experts." in m)
+    assert reasons["model.layers.0.mlp.experts.0.down_proj"] == (
+        "one type per MoE layer; experts.1.up_proj: the source leaves it unquantized (BF16 [128, 256]), so it stays FLOAT"
+    )
+
+
+def test_an_override_quantizing_a_group_with_a_member_the_source_does_not_quantize_is_refused():
+    spec = moe_layer()
+    del spec["model.layers.0.self_attn.q_proj.weight_scale_inv"]
+    spec["model.layers.0.self_attn.q_proj.weight"] = ("BF16", (256, 256))
+    with pytest.raises(BadOptionError) as refused:
+        plan_of(spec, overrides=[Override.parse("*.self_attn.*=W8A8_MXFP8")])
+    assert str(refused.value) == (
+        f"--override *.self_attn.*=W8A8_MXFP8 would write {QKV[1]} as W8A8_MXFP8, but the packed module "
+        f"model.layers.0.self_attn.qkv_proj holds {QKV[0]}: the source leaves it unquantized (BF16 [256, 256]), so "
+        "it stays FLOAT; vllm-ascend loads a packed module in one type"
+    )
+    assert "narrow the GLOB to leave model.layers.0.self_attn.qkv_proj FLOAT" in refused.value.hint
+    # an override that keeps the group FLOAT, or quantizes others, is the plan without it
+    plan = plan_of(spec, overrides=[Override.parse("*.k_proj=FLOAT"), Override.parse("*.o_proj=W4A8_MXFP")])
+    assert {m: t for m, t in written(plan).items() if m in QKV} == {QKV[1]: "FLOAT", QKV[2]: "FLOAT"}
+    assert written(plan)["model.layers.0.self_attn.o_proj"] == "W4A8_MXFP"
+
+
 def test_kv_b_proj_stays_float_unless_overridden():
     spec = fp8("model.layers.0.self_attn.kv_b_proj", 256, 512)
     assert written(plan_of(spec, scheme="w8a8-mxfp8")) == {"model.layers.0.self_attn.kv_b_proj": "FLOAT"}

@@ -1,11 +1,14 @@
 """What convert refuses or warns about up front, before writing a byte: a --tp its own `verify --tp`
 would reject, an --override glob that matches nothing (unless allowed), MTP layers quantized by an
-override (a warning, in --json too)."""
+override (a warning, in --json too), a packed group or MoE layer with a member the source does not
+quantize (planned FLOAT whole, as verify's packed_groups requires; an --override forcing it refused)."""
 
 from __future__ import annotations
 
 import json
 
+import ml_dtypes
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -13,13 +16,17 @@ from ascendconv.cli import app
 from ascendconv.convert import ConvertOptions, convert
 from ascendconv.decide import Deployment, Override
 from ascendconv.errors import BadOptionError
+from ascendconv.inspect import inspect_path
 from ascendconv.verify import VerifyOptions, verify
 from conftest import FIXTURES
 from test_models import DEEPSEEK, deepseek_with_mtp
 from test_plan import plan_of
+from test_source_formats import as_float, respell
 
 runner = CliRunner()
 DENSE = "qwen3-dense-fp8"
+MOE = "qwen3-moe-fp8"
+NUMPY_TYPES = {"BF16": ml_dtypes.bfloat16, "F64": np.float64, "I32": np.int32, "U8": np.uint8}
 
 
 def test_a_tp_the_package_could_not_be_served_under_is_refused_naming_the_layers(tmp_path):
@@ -61,3 +68,89 @@ def test_quantizing_mtp_layers_by_override_warns():
     plan = plan_of(deepseek_with_mtp(), config=config, overrides=[Override.parse("model.layers.1.*=W8A8_MXFP8")])
     assert plan.warnings == ["11 MTP modules quantized by --override: vllm-ascend expects the MTP layer FLOAT"]
     assert plan.to_dict()["warnings"] == plan.warnings  # what --json prints
+
+
+def left_unquantized(src, dst, module: str, dtype: str = "BF16", shape: tuple[int, ...] | None = None):
+    """A copy of `src` whose linear `module` the source does not quantize: stored as `dtype` (in
+    `shape`, if given), its scale dropped and, in a quantized source, listed in modules_to_not_convert."""
+
+    def tensor(name, entry):
+        if name == module + ".weight_scale_inv":
+            return {}
+        if name == module + ".weight":
+            stored = shape or entry[1]
+            return {name: (dtype, stored, np.full(stored, 0.01).astype(NUMPY_TYPES[dtype]).tobytes())}
+        return {name: entry}
+
+    def config(cfg):
+        quant = cfg.get("quantization_config")
+        if quant is not None:
+            cfg["quantization_config"] = {**quant, "modules_to_not_convert": [*quant.get("modules_to_not_convert", []), module]}
+        return cfg
+
+    return respell(src, dst, tensor, config)
+
+
+def converted_as_planned(src, out, scheme: str = "w8a8-mxfp8") -> list[dict]:
+    """Convert `src` and check what the plan says against what inspect and verify say: the dry run's
+    fallbacks are inspect's and the run's, and verify accepts the package. Returns the fallbacks."""
+    dry = runner.invoke(app, ["convert", str(src), str(out), "--scheme", scheme, "--dry-run", "--json"])
+    assert dry.exit_code == 0, dry.output
+    fallbacks = json.loads(dry.stdout)["fallbacks"]
+    assert [f.to_dict() for f in inspect_path(src).schemes[scheme].fallbacks] == fallbacks
+    result = convert(src, out, ConvertOptions(scheme=scheme))
+    assert [d.to_dict() for d in result.plan.fallbacks] == fallbacks
+    report = verify(out, VerifyOptions())
+    assert report.ok, [(c.name, c.problems) for c in report.failed]
+    return fallbacks
+
+
+def test_a_release_leaving_one_packed_member_unquantized_converts_its_group_float(tmp_path):
+    """An FP8 release whose q_proj is BF16 (modules_to_not_convert): q, k and v are written FLOAT,
+    the plan says why, and verify's packed_groups accepts the package."""
+    q, k, v = (f"model.layers.0.self_attn.{p}_proj" for p in "qkv")
+    src = left_unquantized(FIXTURES / DENSE, tmp_path / "src", q)
+    fallbacks = converted_as_planned(src, tmp_path / "out")
+    why = f"packed with {q}: the source leaves it unquantized (BF16 [128, 256]), so it stays FLOAT"
+    assert fallbacks == [{"module": m, "requested": "W8A8_MXFP8", "written": "FLOAT", "reason": why} for m in (k, v)]
+    description = json.loads((tmp_path / "out" / "quant_model_description.json").read_text())
+    assert [description[m + ".weight"] for m in (q, k, v)] == ["FLOAT"] * 3
+    assert description["model.layers.1.self_attn.k_proj.weight"] == "W8A8_MXFP8"
+
+
+@pytest.mark.parametrize(
+    "dtype,shape,stored",
+    [("F64", None, "F64 [128, 256], a dtype"), ("I32", None, "I32 [128, 256], a dtype"), ("U8", None, "U8 [128, 256], a dtype"),
+     ("BF16", (256,), "BF16 [256], not a 2-D weight")],
+)
+def test_a_float_checkpoint_with_a_packed_member_it_cannot_quantize_converts_its_group_float(tmp_path, dtype, shape, stored):
+    q, k = "model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.k_proj"
+    src = left_unquantized(as_float(FIXTURES / DENSE, tmp_path / "bf16"), tmp_path / "src", q, dtype, shape)
+    fallbacks = converted_as_planned(src, tmp_path / "out")
+    assert [f["module"] for f in fallbacks] == [k, "model.layers.0.self_attn.v_proj"]
+    assert fallbacks[0]["reason"].startswith(f"packed with {q}: the source stores it {stored}")
+
+
+def test_a_release_leaving_one_routed_expert_unquantized_converts_its_moe_layer_float(tmp_path):
+    expert = "model.layers.0.mlp.experts.1.up_proj"
+    src = left_unquantized(FIXTURES / MOE, tmp_path / "src", expert)
+    fallbacks = converted_as_planned(src, tmp_path / "out", "w4a8-mxfp-moe")
+    assert {f["module"].split(".experts.")[0] for f in fallbacks} == {"model.layers.0.mlp"}
+    assert {f["reason"] for f in fallbacks} == {
+        "one type per MoE layer; experts.1.up_proj: the source leaves it unquantized (BF16 [128, 128]), so it stays FLOAT"
+    }
+    description = json.loads((tmp_path / "out" / "quant_model_description.json").read_text())
+    assert {t for n, t in description.items() if n.startswith("model.layers.0.mlp.experts.")} == {"FLOAT"}
+    assert description["model.layers.1.mlp.experts.1.up_proj.weight"] == "W4A8_MXFP"
+
+
+def test_an_override_that_would_mix_a_packed_group_is_refused_before_writing(tmp_path):
+    q = "model.layers.0.self_attn.q_proj"
+    src = left_unquantized(FIXTURES / DENSE, tmp_path / "src", q)
+    args = ["convert", str(src), str(tmp_path / "out"), "--override", "*.k_proj=W8A8_MXFP8", "--json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    error = json.loads(result.stdout.splitlines()[0])
+    assert error["error"] == "BadOptionError"
+    assert f"the packed module model.layers.0.self_attn.qkv_proj holds {q}" in error["message"]
+    assert not (tmp_path / "out").exists()
