@@ -8,13 +8,14 @@ directory and renamed into place only when complete. Nothing here prints.
 from __future__ import annotations
 
 import os
+import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from ascendconv.ascendv1 import DESCRIPTION_NAME
-from ascendconv.errors import BadOptionError, InputError
+from ascendconv.errors import BadOptionError, CopiedFileError, InputError
 from ascendconv.io.files import file_size, mapped_reads_guarded
 from ascendconv.io.package import refuse_package_as_source
 from ascendconv.io.outdir import STAGING_TAG, StagedOutput, check_output, interruptible, stale_siblings
@@ -74,7 +75,22 @@ def plan_for(source: Source, options: ConvertOptions) -> Plan:
     )
     check_overrides(plan, options)
     check_deployment(source, plan)
+    check_config_carried(source, plan)
     return plan
+
+
+def check_config_carried(source: Source, plan: Plan) -> None:
+    """config.json the package must carry (vLLM builds the model from it; verify refuses a package
+    without it), but one that links out of the source is never carried (it may be any file): refused
+    before anything is written."""
+    why = plan.skipped_files.get(source.config_path.name)
+    if why is not None:
+        link = shlex.quote(str(source.config_path))
+        raise CopiedFileError(
+            f"{source.config_path}: the package needs it (vLLM builds the model from it) but cannot carry it: {why}",
+            f"copy the file into the source directory (cp --remove-destination \"$(realpath {link})\" {link}), or "
+            "pass the directory that holds the checkpoint's files",
+        )
 
 
 def check_overrides(plan: Plan, options: ConvertOptions) -> None:

@@ -191,6 +191,8 @@ class Plan:
                 f"looks it up at construction, so speculative decoding with MTP will not load ({head.reason})"
             )
         warnings += self.tp_growth_warnings()
+        # a file the source holds and the package lacks (a tokenizer, a template) is the user's to know of
+        warnings += [f"{name} is not carried into the package: {why}" for name, why in self.skipped_files.items()]
         return warnings
 
     def tp_growth_warnings(self) -> list[str]:
@@ -529,14 +531,18 @@ def unquantized_reason(entry: TensorEntry) -> str:
     return f"the source stores it {stored}, a dtype ascendconv does not quantize, so it stays FLOAT"
 
 
+def never_carried(name: str) -> bool:
+    """A source file no package carries, and no one misses there: hidden, weights, the source's index."""
+    return name.startswith(".") or name.lower().endswith(WEIGHT_FILE_SUFFIXES) or name in SKIPPED_FILES
+
+
 def files_to_copy(names: list[str]) -> tuple[list[str], dict[str, str]]:
     """Top-level source files the package carries (configs, tokenizer, templates, code, docs), and
     the ones it leaves out although they are not weights, with why."""
     keep: list[str] = []
     skipped: dict[str, str] = {}
     for name in sorted(names):
-        lower = name.lower()
-        if name.startswith(".") or lower.endswith(WEIGHT_FILE_SUFFIXES) or name in SKIPPED_FILES:
+        if never_carried(name):
             continue
         if written_by_package(name):
             skipped[name] = "the package writes a file of this name itself"
@@ -566,7 +572,8 @@ class Planner:
         self.tensors = tensors
         self.linears = linears
         self.copied_files, skipped = files_to_copy(source_files)
-        self.skipped_files = {**(unsafe_files or {}), **skipped}  # source file -> why it is not copied
+        unsafe = {name: why for name, why in (unsafe_files or {}).items() if not never_carried(name)}
+        self.skipped_files = {**unsafe, **skipped}  # source file -> why it is not copied
         self.bytes_in = bytes_in
         self.rules = rules_for(config)
         self.deployment = deployment or Deployment()

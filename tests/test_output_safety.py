@@ -118,6 +118,62 @@ def test_links_out_of_the_source_and_package_names_are_never_copied(fixture_copy
     assert (out / "template.jinja").read_bytes() == (src / "tokenizer_config.json").read_bytes()
     assert not (out / "template.jinja").is_symlink()
     assert "stale" not in json.loads((out / "quant_model_description.json").read_text())
+    # every file left out is a warning, in --json and in the text on stderr
+    assert [w for w in report["warnings"] if "not carried" in w] == [
+        f"{name} is not carried into the package: {skipped[name]}" for name in skipped
+    ] and len(skipped) == 4
+    text = run_convert(src, out, "--overwrite")
+    assert text.exit_code == 0 and "warning: notes.md is not carried into the package: it links outside" in " ".join(text.stderr.split())
+
+
+def link_farm(checkpoint: Path, farm: Path) -> Path:
+    """`cp -rs checkpoint farm`: a directory of links, one to each file of the checkpoint."""
+    farm.mkdir()
+    for path in checkpoint.iterdir():
+        (farm / path.name).symlink_to(path)
+    return farm
+
+
+def test_a_link_farm_of_a_checkpoint_carries_the_files_it_links_beside_the_shards(fixture_copy, tmp_path):
+    """Files that link to the file of their name beside the shards the source reads (the real
+    checkpoint) are carried, config.json and the tokenizer with them; verify accepts the package."""
+    from ascendconv.verify import VerifyOptions, verify
+
+    real = fixture_copy(DENSE)
+    (tmp_path / "secret.txt").write_text("TOKEN=hunter2")
+    (real / "notes.md").symlink_to(tmp_path / "secret.txt")  # beside the shards, but to another file
+    src = link_farm(real, tmp_path / "farm")
+    (src / "vocab.txt").symlink_to(real / "tokenizer.json")  # beside them, under another name
+    out = tmp_path / "out"
+    result = run_convert(src, out, "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert {"config.json", "tokenizer.json", "generation_config.json", "chat_template.jinja"} <= set(report["copied_files"])
+    assert sorted(report["skipped_files"]) == ["notes.md", "vocab.txt"]
+    assert [w.split(" ", 1)[0] for w in report["warnings"]] == ["notes.md", "vocab.txt"]
+    assert (out / "tokenizer.json").read_bytes() == (real / "tokenizer.json").read_bytes()
+    assert "quantization_config" not in json.loads((out / "config.json").read_text())
+    assert b"hunter2" not in b"".join(tree(out).values())
+    assert verify(out, VerifyOptions()).ok
+
+
+def test_a_config_json_linking_out_of_the_source_is_refused_before_writing(fixture_copy, tmp_path):
+    """config.json is read to plan, but a link out of the source is never carried (it may be any
+    file): without it vLLM cannot build the model, so convert refuses, naming the file and the fix."""
+    src = fixture_copy(DENSE)
+    (src / "config.json").rename(tmp_path / "config.json")
+    (src / "config.json").symlink_to(tmp_path / "config.json")
+    for extra in ([], ["--dry-run"]):
+        result = runner.invoke(app, ["convert", str(src), str(tmp_path / "out"), "--json", *extra])
+        assert result.exit_code == 3, result.output
+        error = json.loads(result.stdout)
+        assert error["error"] == "CopiedFileError"
+        assert error["message"] == (
+            f"{src / 'config.json'}: the package needs it (vLLM builds the model from it) but cannot carry it: it links "
+            f"outside the source directory (to {tmp_path / 'config.json'})"
+        )
+        assert error["hint"].startswith(f'copy the file into the source directory (cp --remove-destination "$(realpath {src / "config.json"})"')
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("revision", ["../../x", "/etc", "..", "main/../../x", "a//b"])

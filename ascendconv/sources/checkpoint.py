@@ -193,23 +193,27 @@ class Checkpoint:
         """Top-level files that may be carried into the package, and the ones that may not, with why.
 
         Only regular files whose real path stays inside the source directory qualify, or inside the
-        Hugging Face cache's blob store when the source is a cache snapshot (whose files link there):
-        a link to /proc/self/environ or a secret elsewhere must never end up in a package.
+        Hugging Face cache's blob store when the source is a cache snapshot (whose files link there),
+        or that link to the file of their own name beside a shard's real file (a link farm of the
+        checkpoint, `cp -rs` or `ln -s ckpt/* .`: the directory the weights are read from): a link
+        to /proc/self/environ or a secret elsewhere must never end up in a package.
         """
         real_root = Path(os.path.realpath(self.root))
         allowed = [real_root]
         if real_root.parent.name == "snapshots":
             allowed.append(real_root.parent.parent / "blobs")
+        shard_dirs = {Path(os.path.realpath(header.path)).parent for header in self.headers}
         safe: list[str] = []
         refused: dict[str, str] = {}
         for path in sorted(self.root.iterdir()):
             if not path.is_symlink() and path.is_dir():
                 continue
             real = Path(os.path.realpath(path))
-            if not any(is_within(real, base) for base in allowed):
-                refused[path.name] = f"links outside the source directory (to {real})"
+            linked_beside_shards = real.name == path.name and real.parent in shard_dirs
+            if not linked_beside_shards and not any(is_within(real, base) for base in allowed):
+                refused[path.name] = f"it links outside the source directory (to {real})"
             elif not real.is_file():
-                refused[path.name] = "is not a regular file"
+                refused[path.name] = "it is not a regular file"
             else:
                 safe.append(path.name)
         return safe, refused
