@@ -163,7 +163,7 @@ def test_a_mistyped_local_path_is_not_called_a_cache_miss(tmp_path):
     assert json.loads(done.stdout)["error"] == "NotCachedError"  # no local directory "org": a repo id
 
 
-def test_a_package_given_as_src_and_a_part_directory_are_named(tmp_path):
+def test_a_package_given_as_src_or_as_verify_source_and_a_part_directory_are_named(tmp_path):
     package = tmp_path / "pkg"
     convert(MOE, package, ConvertOptions())
     result = cli("convert", package, tmp_path / "again", "--json")
@@ -171,6 +171,12 @@ def test_a_package_given_as_src_and_a_part_directory_are_named(tmp_path):
     assert (result.exit_code, data["error"]) == (3, "PackageAsSourceError")
     assert "this is an AscendV1 package" in data["message"] and "inspect or verify it" in data["hint"]
     assert not (tmp_path / "again").exists()
+    # as verify's --source too: not "holds F8_E4M3 tensors but config.json has no quantization_config"
+    result = cli("verify", package, "--source", package, "--json")
+    data = json.loads(result.stdout)
+    assert (result.exit_code, data["error"]) == (3, "PackageAsSourceError")
+    assert data["message"] == f"{package}: this is an AscendV1 package (it holds quant_model_description.json), not a source checkpoint"
+    assert data["hint"] == "--source takes the checkpoint the package was converted from: `ascendconv verify PACKAGE --source CHECKPOINT`"
 
     part = tmp_path / "part2"
     convert(MOE, part, ConvertOptions(part=(2, 3), max_shard_size=200_000))

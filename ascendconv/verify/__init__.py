@@ -34,7 +34,8 @@ import os
 import time
 from pathlib import Path
 
-from ascendconv.io.package import Package, refuse_part_directory
+from ascendconv.errors import InputError
+from ascendconv.io.package import Package, refuse_package_as_source, refuse_part_directory
 from ascendconv.verify.checks import CHECKS
 from ascendconv.verify.integrity import (
     _scan,
@@ -108,7 +109,15 @@ def _verify(
     if options.source is not None:
         from ascendconv.sources import open_source
 
-        source = open_source(options.source)
+        try:
+            source = open_source(options.source)
+        except InputError:  # a package given as --source fails to open as one: say what it is instead
+            refuse_package_as_source(
+                Path(options.source),
+                "--source takes the checkpoint the package was converted from: "
+                "`ascendconv verify PACKAGE --source CHECKPOINT`",
+            )
+            raise
     try:
         lay = _Layout(pkg)
         if options.on_npu:
