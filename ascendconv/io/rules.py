@@ -19,6 +19,9 @@ from ascendconv.models import GATE_UP_DOWN, expert_count, rules_for
 # Keys of quant_model_description.json besides the tensor names: a tensor of one of these names
 # would be overwritten by (or taken for) the field.
 MX_SCALE_SUFFIX = ".weight_scale"  # the name the package gives an MX layer's E8M0 scales
+# What the package names a linear's weight and scale, whatever the source called them
+# (compressed-tensors MXFP4 stores the weight as `weight_packed`).
+PACKAGE_SUFFIXES = {".weight": "weight", MX_SCALE_SUFFIX: "scale"}
 FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
 FP8_DTYPES = ("F8_E4M3", "F8_E5M2", "F8_E8M0")
 EXPERT_PROJECTIONS = GATE_UP_DOWN  # the roles, whatever a family names them (MiniMax: w1, w3, w2)
@@ -120,6 +123,17 @@ def check_source_tensors(root: Path, tensors: dict[str, TensorEntry], linears: d
             )
         if name in paired:
             continue
+        prefix, dot, suffix = name.rpartition(".")
+        linear = linears.get(prefix)
+        role = PACKAGE_SUFFIXES.get(dot + suffix) if linear is not None else None
+        if role is not None:
+            made_from = linear.weight if role == "weight" else linear.scale
+            raise UnsupportedTensorError(
+                f"{_where(name, entry)} is stored, and the package writes the {role} of linear {shown(prefix)} under "
+                "that name" + (f" (from {shown(made_from.name)})" if made_from is not None else "") + ": the two would collide",
+                "a linear's weight and scale are stored once each: remove the stray tensor, or check that config.json "
+                "names the checkpoint's format",
+            )
         if name.endswith(MX_SCALE_SUFFIX):
             raise UnsupportedTensorError(
                 f"{_where(name, entry)} ends in {MX_SCALE_SUFFIX!r}, the name the package gives MX scales, but is no "
