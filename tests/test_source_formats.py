@@ -246,6 +246,24 @@ def test_deepseek_v4_mxfp4_expert_tensors_are_refused_without_the_config_key(tmp
     assert "no conversion is needed" in caught.value.hint
 
 
+def test_a_stray_weight_scale_inv_beside_deepseek_v4_scales_is_refused_as_verify_would(tmp_path):
+    """DeepSeek-V4 consumes `P.scale`: a `P.weight_scale_inv` beside it was copied into the package,
+    whose verify refuses any block-FP8 scale. Refused up front, as a stray `weight_scale` is."""
+    down = "model.layers.0.mlp.down_proj"
+
+    def tensor(name, entry):
+        return {name: entry, **({down + ".weight_scale_inv": entry} if name == down + ".scale" else {})}
+
+    src = respell(as_ds_v4(FIXTURES / DEEPSEEK, tmp_path / "v4", "F32"), tmp_path / "both", tensor, lambda c: c)
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["convert", str(src), str(out), "--json"])
+    assert result.exit_code == 3, result.output
+    report = json.loads(result.stdout.splitlines()[0])
+    assert report["error"] == "UnsupportedTensorError"
+    assert f"{down}.weight_scale_inv" in report["message"] and "block-FP8 scale" in report["message"], report["message"]
+    assert not out.exists()
+
+
 def e8m0_nan(name, entry):
     if name == "model.layers.0.self_attn.q_a_proj.scale":
         return {name: (entry[0], entry[1], b"\xff" + entry[2][1:])}

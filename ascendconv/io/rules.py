@@ -19,6 +19,12 @@ from ascendconv.models import GATE_UP_DOWN, expert_count, rules_for
 # Keys of quant_model_description.json besides the tensor names: a tensor of one of these names
 # would be overwritten by (or taken for) the field.
 MX_SCALE_SUFFIX = ".weight_scale"  # the name the package gives an MX layer's E8M0 scales
+BLOCK_FP8_SCALE_SUFFIX = ".weight_scale_inv"  # a block-FP8 multiplier: verify refuses one in any package
+# Scale names a tensor the format did not consume may not carry into the package, and why.
+STRAY_SCALE_SUFFIXES = {
+    MX_SCALE_SUFFIX: "the name the package gives MX scales",
+    BLOCK_FP8_SCALE_SUFFIX: "a block-FP8 scale (an AscendV1 package holds none)",
+}
 # What the package names a linear's weight and scale, whatever the source called them
 # (compressed-tensors MXFP4 stores the weight as `weight_packed`).
 PACKAGE_SUFFIXES = {".weight": "weight", MX_SCALE_SUFFIX: "scale"}
@@ -134,9 +140,10 @@ def check_source_tensors(root: Path, tensors: dict[str, TensorEntry], linears: d
                 "a linear's weight and scale are stored once each: remove the stray tensor, or check that config.json "
                 "names the checkpoint's format",
             )
-        if name.endswith(MX_SCALE_SUFFIX):
+        stray = next((s for s in STRAY_SCALE_SUFFIXES if name.endswith(s)), None)
+        if stray is not None:
             raise UnsupportedTensorError(
-                f"{_where(name, entry)} ends in {MX_SCALE_SUFFIX!r}, the name the package gives MX scales, but is no "
+                f"{_where(name, entry)} ends in {stray!r}, {STRAY_SCALE_SUFFIXES[stray]}, but is no "
                 "scale of a quantized linear of this checkpoint's format",
                 "remove or rename the stray tensor, or check that config.json names the checkpoint's format",
             )

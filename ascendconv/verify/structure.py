@@ -18,7 +18,7 @@ from ascendconv.ascendv1 import (
 )
 from ascendconv.errors import shown
 from ascendconv.formats.constants import FLOAT, GROUP_SIZE
-from ascendconv.io.rules import moe_coverage_problems
+from ascendconv.io.rules import BLOCK_FP8_SCALE_SUFFIX, moe_coverage_problems
 from ascendconv.decide import (
     Deployment,
     alignment_problem,
@@ -188,7 +188,7 @@ def check_coverage(lay: _Layout) -> Check:
             problems.append(f"{shown(name)} is described ({lay.description[name]}) but in no shard")
     for name in sorted(stored - described):
         problems.append(f"{shown(name)} is in {lay.tensors[name].path.name} but not described in {DESCRIPTION_NAME}")
-    for name in sorted(n for n in stored if n.endswith(".weight_scale_inv")):
+    for name in sorted(n for n in stored if n.endswith(BLOCK_FP8_SCALE_SUFFIX)):
         problems.append(f"{shown(name)} ({lay.tensors[name].path.name}) is a block-FP8 scale; an AscendV1 package has none")
     # whole MoE layers: the rule convert applies to its source (io.rules)
     problems += moe_coverage_problems(lay.description, lay.pkg.config, DESCRIPTION_NAME)
