@@ -511,6 +511,25 @@ def test_transposed_or_odd_fused_experts_are_refused(tmp_path):
         open_source(bad)
 
 
+def test_a_tensor_named_as_a_slice_of_fused_float_experts_is_refused(tmp_path):
+    """The stored tensor silently replaced the slice of that name; refused, as fused MXFP4 experts are."""
+    src = fused(as_float(FIXTURES / MOE, tmp_path / "bf16"), tmp_path / "fused")
+    slice_name = "model.layers.0.mlp.experts.0.gate_proj.weight"
+
+    def tensor(name, entry):
+        stray = {slice_name: ("BF16", (128, 128), bytes(2 * 128 * 128))} if name.endswith("layers.0.mlp.experts.gate_up_proj") else {}
+        return {name: entry, **stray}
+
+    bad = respell(src, tmp_path / "both", tensor, lambda c: c)
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["convert", str(bad), str(out), "--json"])
+    assert result.exit_code == 3, result.output
+    report = json.loads(result.stdout.splitlines()[0])
+    assert report["error"] == "UnsupportedTensorError"
+    assert all(w in report["message"] for w in (slice_name, "slice of the fused", "experts.gate_up_proj")), report["message"]
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("recorded", ["gguf", ["hf-fp8-block"], None])
 def test_verify_refuses_a_provenance_with_an_unknown_source_format(converted, tmp_path, recorded):
     package = tmp_path / "pkg"

@@ -17,6 +17,7 @@ from ascendconv.errors import (
     MissingShardError,
     NotFoundError,
     UnrecognizedCheckpointError,
+    UnsupportedTensorError,
     shown,
 )
 from ascendconv.io.files import is_regular, is_within, read_json
@@ -25,11 +26,14 @@ from ascendconv.io.safetensors import SafetensorsHeader, TensorEntry, TensorRead
 INDEX_NAME = "model.safetensors.index.json"
 
 
-def expert_slices(entry: TensorEntry, experts: str, parts: tuple[tuple[str, int], ...], suffix: str) -> dict[str, TensorEntry]:
+def expert_slices(
+    entry: TensorEntry, experts: str, parts: tuple[tuple[str, int], ...], suffix: str, stored: dict[str, TensorEntry]
+) -> dict[str, TensorEntry]:
     """A fused 3-D (or more) expert tensor [E, rows, ...] as one tensor per expert and part: expert
     e's `parts` ((projection, rows), in the order stored, e.g. gate rows then up rows) become
     `{experts}.{e}.{projection}{suffix}`, each a contiguous byte range of the stored tensor (so
-    reading them in order stays sequential)."""
+    reading them in order stays sequential). A slice whose name one of the `stored` tensors has is
+    refused: the one would silently replace the other."""
     count, rows = entry.shape[0], entry.shape[1]
     row_bytes = entry.nbytes // (count * rows) if count * rows else 0
     out: dict[str, TensorEntry] = {}
@@ -37,6 +41,11 @@ def expert_slices(entry: TensorEntry, experts: str, parts: tuple[tuple[str, int]
     for e in range(count):
         for projection, part_rows in parts:
             name = f"{experts}.{e}.{projection}{suffix}"
+            if name in stored:
+                raise UnsupportedTensorError(
+                    f"{stored[name].path.name}: {shown(name)} is stored, and is also a slice of the fused {shown(entry.name)}",
+                    "a checkpoint stores its experts fused or one by one, not both; remove one of them",
+                )
             nbytes = part_rows * row_bytes
             out[name] = TensorEntry(name, entry.dtype, (part_rows, *entry.shape[2:]), entry.path, offset, nbytes)
             offset += nbytes

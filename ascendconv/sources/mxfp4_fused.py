@@ -73,14 +73,8 @@ def split_fused(tensors: dict[str, TensorEntry]) -> dict[str, TensorEntry]:
         check_fused(weight, scale, len(projections))
         rows = weight.shape[1] // len(projections)
         parts = tuple((projection, rows) for projection in projections)
-        pieces = {**expert_slices(weight, experts, parts, WEIGHT_SUFFIX), **expert_slices(scale, experts, parts, SCALE_SUFFIX)}
-        clash = next((n for n in pieces if n in tensors), None)
-        if clash is not None:
-            raise UnsupportedTensorError(
-                f"{tensors[clash].path.name}: {shown(clash)} is stored, and is also a slice of the fused {shown(weight.name)}",
-                "a checkpoint stores its experts fused or one by one, not both; remove one of them",
-            )
-        out.update(pieces)
+        out.update(expert_slices(weight, experts, parts, WEIGHT_SUFFIX, tensors))
+        out.update(expert_slices(scale, experts, parts, SCALE_SUFFIX, tensors))
     return out
 
 

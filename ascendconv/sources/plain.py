@@ -131,6 +131,6 @@ def split_fused_experts(tensors: dict[str, TensorEntry], config: dict) -> dict[s
                 f"{entry.path.name}: fused expert tensor {shown(name)} has {rows} rows: gate and up halves need an even count"
             )
         parts = (("gate_proj", rows // 2), ("up_proj", rows // 2)) if gate_up else (("down_proj", rows),)
-        out.update(expert_slices(entry, match["experts"], parts, WEIGHT_SUFFIX))
+        out.update(expert_slices(entry, match["experts"], parts, WEIGHT_SUFFIX, tensors))
         split = True
     return out if split else None
