@@ -158,6 +158,16 @@ class NotYetSupportedSourceError(UnsupportedSourceError):
     (ModelOpt MXFP4): refused rather than read by a guess."""
 
 
+class StaticActivationError(UnsupportedSourceError):
+    """Activations quantized with static scales (a config saying so, or an `input_scale` tensor of a
+    quantized linear), in whichever format."""
+
+    default_hint = (
+        "the MX types quantize activations dynamically; a static input_scale has no place in the package: "
+        "convert a release with dynamic activations, or the BF16 master"
+    )
+
+
 class NoQuantizableLinearError(UnrecognizedCheckpointError):
     """A float checkpoint with nothing to quantize (no linear projection among its tensors)."""
 

@@ -12,7 +12,9 @@ from typer.testing import CliRunner
 
 from ascendconv.cli import app
 from ascendconv.errors import DuplicateTensorError
-from conftest import load_shard, save_shard
+from conftest import FIXTURES, load_shard, save_shard
+from mx_sources import MXFP4, MXFP8, as_mx, as_vllm_fused, experts_mxfp4
+from test_source_formats import as_ct, as_ds_v4, as_float, respell
 
 runner = CliRunner()
 DENSE = "qwen3-dense-fp8"
@@ -238,3 +240,41 @@ def test_a_name_defined_twice_names_its_first_and_second_shard():
     assert list(merge_headers([one, two], None, Path("i.json"))) == ["x", "y", "z"]
     with pytest.raises(DuplicateTensorError, match=r"tensor 'y' is defined twice: in a.safetensors and in c.safetensors"):
         merge_headers([one, two, three], None, Path("i.json"))
+
+
+# --- static activation scales: one refusal, whatever the format ----------------------------------
+
+MOE, DEEPSEEK = "qwen3-moe-fp8", "deepseek-v3-fp8"
+EXPERT = "model.layers.1.mlp.experts.2.down_proj"
+# format -> (its source, built into a directory; a tensor of a quantized linear; the static scale put beside it)
+STATIC_SCALES = {
+    "hf-fp8-block": (lambda d: FIXTURES / DENSE, Q + ".weight", Q + ".input_scale"),
+    "deepseek-v4-fp8": (lambda d: as_ds_v4(FIXTURES / DEEPSEEK, d / "v4", "F8_E8M0"),
+                        "model.layers.0.self_attn.q_a_proj.weight", "model.layers.0.self_attn.q_a_proj.input_scale"),
+    "ct-fp8": (lambda d: as_ct(FIXTURES / DENSE, d / "ct"), Q + ".weight", Q + ".input_scale"),
+    "float": (lambda d: as_float(FIXTURES / DENSE, d / "bf16"), Q + ".weight", Q + ".input_scale"),
+    "ct-mx": (lambda d: as_mx(FIXTURES / MOE, d / "mx", "ct", lambda p: MXFP4), Q + ".weight_packed", Q + ".input_scale"),
+    "quark-ocp-mx": (lambda d: as_mx(FIXTURES / MOE, d / "mx", "quark", experts_mxfp4), EXPERT + ".weight", EXPERT + ".input_scale"),
+    "modelopt-mxfp8": (lambda d: as_mx(FIXTURES / MOE, d / "mx", "modelopt", lambda p: MXFP8), Q + ".weight", Q + ".input_scale"),
+    "mxfp4-fused": (lambda d: as_vllm_fused(as_mx(FIXTURES / MOE, d / "mx", "ct", lambda p: MXFP4), d / "fused"),
+                    "model.layers.1.mlp.experts.w13_weight", "model.layers.1.mlp.experts.w13_input_scale"),
+}
+
+
+@pytest.mark.parametrize("build,beside,stray", STATIC_SCALES.values(), ids=STATIC_SCALES.keys())
+def test_a_static_input_scale_is_refused_in_every_format(tmp_path, build, beside, stray):
+    """A static activation scale beside a quantized linear was copied into the package as FLOAT
+    (only compressed-tensors' config refused it); every format refuses the tensor in the same words."""
+
+    def tensor(name, entry):
+        return {name: entry, **({stray: ("F32", (1,), np.ones(1, np.float32).tobytes())} if name == beside else {})}
+
+    src = respell(build(tmp_path), tmp_path / "static", tensor, lambda c: c)
+    out = tmp_path / "out"
+    result = run_convert(src, out, "--json")
+    assert result.exit_code == 3, result.output
+    report = json.loads(result.stdout.strip().splitlines()[0])
+    assert report["error"] == "StaticActivationError", report
+    assert stray in report["message"] and "static activation scale" in report["message"], report["message"]
+    assert "a static input_scale has no place in the package" in report["hint"]
+    assert not out.exists()

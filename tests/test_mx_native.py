@@ -26,6 +26,7 @@ from ascendconv.errors import (
     NonFiniteScaleError,
     ScaleDtypeError,
     ScaleShapeError,
+    StaticActivationError,
     UnsupportedSourceError,
     UnsupportedTensorError,
 )
@@ -241,6 +242,10 @@ def refused(src: Path, tmp_path: Path, error, words):
         ("quark", lambda q: q["layer_quant_config"]["*.experts.*"]["weight"].update(scale_format="fp8_e4m3"), UnsupportedSourceError, ["scale_format", "E8M0"]),
         ("quark", lambda q: q["layer_quant_config"]["*.experts.*"]["weight"].update(group_size=16), UnsupportedSourceError, ["group_size 16"]),
         ("quark", lambda q: q["layer_quant_config"].clear(), UnsupportedTensorError, ["is U8", "fp8_e4m3"]),
+        ("quark", lambda q: q["layer_quant_config"]["*.experts.*"].update(input_tensors={"dtype": "fp8_e4m3", "qscheme": "per_tensor", "is_dynamic": False}),
+         StaticActivationError, ["layer_quant_config['*.experts.*'].input_tensors", "static activation scales"]),
+        ("ct-mxfp4", lambda q: q["config_groups"]["group_0"].update(input_activations={"num_bits": 8, "type": "float", "dynamic": False}),
+         StaticActivationError, ["group_0", "static activation scales"]),
         ("modelopt", lambda q: q.update(quant_algo="NVFP4"), InexactSourceError, ["NVFP4", "global scale"]),
         ("modelopt", lambda q: q.update(quant_algo="FP8"), UnsupportedSourceError, ["quant_algo is 'FP8'"]),
     ],

@@ -19,6 +19,7 @@ from ascendconv.errors import (
     ConfigError,
     MissingScaleError,
     ScaleShapeError,
+    StaticActivationError,
     UnsupportedSourceError,
     UnsupportedTensorError,
 )
@@ -304,7 +305,7 @@ def edit_quant(**changes):
         (edit_quant(ignore=["lm_head", "re:model.layers.([0-9"]), ConfigError, ["is not a regular expression"]),
         (edit_quant(ignore="lm_head"), ConfigError, ["ignore"]),
         (edit_quant(config_groups={}), ConfigError, ["config_groups"]),
-        (edit_quant(**{"activations.dynamic": False}), UnsupportedSourceError, ["static activation"]),
+        (edit_quant(**{"activations.dynamic": False}), StaticActivationError, ["static activation"]),
     ],
 )
 def test_malformed_compressed_tensors_configs_are_named(tmp_path, edit, error, words):

@@ -12,7 +12,14 @@ from pathlib import Path
 from typing import Iterable
 
 from ascendconv.ascendv1 import DESCRIPTION_FIELDS
-from ascendconv.errors import IncompleteMoEError, UnrecognizedCheckpointError, UnsupportedTensorError, clip, shown
+from ascendconv.errors import (
+    IncompleteMoEError,
+    StaticActivationError,
+    UnrecognizedCheckpointError,
+    UnsupportedTensorError,
+    clip,
+    shown,
+)
 from ascendconv.io.safetensors import TensorEntry
 from ascendconv.models import GATE_UP_DOWN, expert_count, rules_for
 
@@ -28,6 +35,7 @@ STRAY_SCALE_SUFFIXES = {
 # What the package names a linear's weight and scale, whatever the source called them
 # (compressed-tensors MXFP4 stores the weight as `weight_packed`).
 PACKAGE_SUFFIXES = {".weight": "weight", MX_SCALE_SUFFIX: "scale"}
+INPUT_SCALE_SUFFIX = ".input_scale"  # a linear's static activation scale, in every format that writes one
 FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
 FP8_DTYPES = ("F8_E4M3", "F8_E5M2", "F8_E8M0")
 EXPERT_PROJECTIONS = GATE_UP_DOWN  # the roles, whatever a family names them (MiniMax: w1, w3, w2)
@@ -131,6 +139,8 @@ def check_source_tensors(root: Path, tensors: dict[str, TensorEntry], linears: d
             continue
         prefix, dot, suffix = name.rpartition(".")
         linear = linears.get(prefix)
+        if linear is not None and dot + suffix == INPUT_SCALE_SUFFIX:
+            raise StaticActivationError(f"{_where(name, entry)} is a static activation scale of linear {shown(prefix)}")
         role = PACKAGE_SUFFIXES.get(dot + suffix) if linear is not None else None
         if role is not None:
             made_from = linear.weight if role == "weight" else linear.scale

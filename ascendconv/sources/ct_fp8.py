@@ -23,6 +23,7 @@ from ascendconv.errors import (
     MissingScaleError,
     ScaleDtypeError,
     ScaleShapeError,
+    StaticActivationError,
     UnsupportedSourceError,
     shown,
 )
@@ -118,10 +119,7 @@ def parse_ct_fp8_config(config: dict, config_path: Path) -> CtFp8Config:
         if isinstance(activations, dict) and activations.get("dynamic") is False:
             dynamic = False
     if not dynamic:
-        raise UnsupportedSourceError(
-            f"{where}: static activation scales (input_activations.dynamic false)",
-            "the MX types quantize activations dynamically; a static input_scale has no place in the package",
-        )
+        raise StaticActivationError(f"{where}: static activation scales (input_activations.dynamic false)")
     return CtFp8Config(frozenset(strategies), tuple(dict.fromkeys(blocks)), check_ignore(quant.get("ignore"), where),
                        location, dynamic)
 

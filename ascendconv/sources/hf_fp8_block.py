@@ -14,6 +14,7 @@ from ascendconv.errors import (
     OrphanScaleError,
     ScaleDtypeError,
     ScaleShapeError,
+    StaticActivationError,
     UnsupportedTensorError,
     shown,
 )
@@ -72,8 +73,8 @@ def parse_block_fp8_config(config: dict, config_path: Path) -> BlockFP8Config:
     tile = parse_block_tile(block, f"{config_path}: {location}.weight_block_size")
     scheme = quant.get("activation_scheme", "dynamic")
     if scheme != "dynamic":
-        raise NotBlockFP8Error(
-            f"{config_path}: {location}.activation_scheme is {shown(scheme)}; only 'dynamic' is supported"
+        raise StaticActivationError(
+            f"{config_path}: {location}.activation_scheme is {shown(scheme)}: static activation scales; only 'dynamic' is supported"
         )
     fmt = quant.get("fmt", "e4m3")
     if not (isinstance(fmt, str) and fmt.lower() in E4M3_SPELLINGS):

@@ -35,6 +35,7 @@ from ascendconv.errors import (
     NotYetSupportedSourceError,
     ScaleDtypeError,
     ScaleShapeError,
+    StaticActivationError,
     UnsupportedSourceError,
     UnsupportedTensorError,
     shown,
@@ -193,10 +194,7 @@ def parse_ct_mx_config(config: dict, config_path: Path) -> CtMxConfig:
             )
         activations = group.get("input_activations")
         if isinstance(activations, dict) and activations.get("dynamic") is False:
-            raise UnsupportedSourceError(
-                f"{at}: static activation scales (input_activations.dynamic false)",
-                "the MX types quantize activations dynamically; a static input_scale has no place in the package",
-            )
+            raise StaticActivationError(f"{at}: static activation scales (input_activations.dynamic false)")
     return CtMxConfig(tuple(sorted(formats)), check_ignore(quant.get("ignore"), where), location)
 
 
@@ -254,11 +252,17 @@ class QuarkConfig:
 
 
 def _quark_weight_dtype(spec: object, at: str) -> str | None:
-    """The weight dtype of one Quark layer config, checked: fp4 as OCP-MX, fp8_e4m3, or None."""
+    """The weight dtype of one Quark layer config, checked: fp4 as OCP-MX, fp8_e4m3, or None; its
+    activations, if quantized, dynamic."""
     if spec is None:
         return None
     if not isinstance(spec, dict):
         raise ConfigError(f"{at} is {shown(spec)}, expected a layer quantization config")
+    inputs = spec.get("input_tensors")
+    if isinstance(inputs, list) and len(inputs) == 1:
+        inputs = inputs[0]
+    if isinstance(inputs, dict) and inputs.get("is_dynamic") is False:
+        raise StaticActivationError(f"{at}.input_tensors: static activation scales (is_dynamic false)")
     weight = spec.get("weight")
     if isinstance(weight, list) and len(weight) == 1:
         weight = weight[0]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ascendconv.errors import BlockedByTargetError, UnsupportedTensorError, shown
+from ascendconv.errors import BlockedByTargetError, StaticActivationError, UnsupportedTensorError, shown
 from ascendconv.formats.constants import GROUP_SIZE
 from ascendconv.io.safetensors import TensorEntry
 from ascendconv.sources.base import WEIGHT_SUFFIX, Encoding, Source, SourceFormat
@@ -36,6 +36,7 @@ GPT_OSS_TENSORS = ("_blocks", "_scales")  # gpt-oss's suffixes for payload and s
 # vLLM's FusedMoE parameter names: (stored tensor, the projections its rows hold, in order)
 FUSED = {"w13_weight": ("gate_proj", "up_proj"), "w2_weight": ("down_proj",)}
 FUSED_BIASES = ("w13_bias", "w2_bias")
+FUSED_INPUT_SCALES = ("w13_input_scale", "w2_input_scale")  # FusedMoE's static activation scales
 # What a split expert linear is: a packed E2M1 `.weight` with its `.weight_scale` (the package's names).
 SPLIT_LAYOUT = MxLayout("vllm-fused-mxfp4", Encoding.MX_E2M1, WEIGHT_SUFFIX, "U8")
 
@@ -114,6 +115,8 @@ class VllmFusedMxfp4(SourceFormat):
                     f"{entry.path.name}: {shown(name)} is an expert bias: vllm-ascend's MX MoE schemes pass no expert biases",
                     GPT_OSS_HINT,
                 )
+            if name.rsplit(".", 1)[-1] in FUSED_INPUT_SCALES:
+                raise StaticActivationError(f"{entry.path.name}: {shown(name)} is a static activation scale of fused experts")
         tensors = split_fused(checkpoint.tensors)
         linears = {}
         for name, entry in tensors.items():
