@@ -284,20 +284,30 @@ def test_malformed_mx_tensors_are_named(tmp_path, name, tensor, error, words):
     refused(src, tmp_path, error, words)
 
 
+OVERFLOW = ["decodes to inf", "E8M0 byte 254", "row 0, column", "the checkpoint is damaged"]
+
+
 @pytest.mark.parametrize(
-    "name,suffix,poison,error,words",
+    "name,suffix,poison,scheme,error,words",
     [
-        ("ct-mxfp4", ".weight_scale", lambda b: b"\xff" + b[1:], NonFiniteScaleError, ["0xFF", "weight_scale"]),
-        ("ct-mxfp8", ".weight", lambda b: b[:5] + b"\x7f" + b[6:], NaNCodeError, ["NaN code", "0x7F", "column 5"]),
-        ("ct-mxfp8", ".weight_scale", lambda b: b"\xfe" * len(b), None, ["decodes to inf"]),
+        ("ct-mxfp4", ".weight_scale", lambda b: b"\xff" + b[1:], "native", "NonFiniteScaleError", ["0xFF", "weight_scale"]),
+        ("ct-mxfp8", ".weight", lambda b: b[:5] + b"\x7f" + b[6:], "native", "NaNCodeError", ["NaN code", "0x7F", "column 5"]),
+        # a value past float32 (E8M0 byte 254 under codes >= 2), where it is re-quantized and where
+        # it would be relaid as it is (the package would hold it, and verify --source refuse it)
+        ("ct-mxfp8", ".weight_scale", lambda b: b"\xfe" * len(b), "w4a8-mxfp", "NonFiniteValueError", OVERFLOW),
+        ("ct-mxfp8", ".weight_scale", lambda b: b"\xfe" * len(b), "native", "NonFiniteValueError", OVERFLOW),
+        ("ct-mxfp4", ".weight_scale", lambda b: b"\xfe" * len(b), "native", "NonFiniteValueError", OVERFLOW),
+        ("modelopt", ".weight_scale", lambda b: b"\xfe" * len(b), "native", "NonFiniteValueError", OVERFLOW),
     ],
 )
-def test_bad_mx_bytes_are_named_errors(tmp_path, name, suffix, poison, error, words):
+def test_bad_mx_bytes_are_named_errors(tmp_path, name, suffix, poison, scheme, error, words):
     src = respell(make(tmp_path, name), tmp_path / "bad", change(EXPERT + suffix, lambda n, e: {n: (e[0], e[1], poison(e[2]))}), lambda c: c)
-    scheme = "w4a8-mxfp" if error is None else "native"  # a decode overflow shows where values are re-quantized
-    result = runner.invoke(app, ["convert", str(src), str(tmp_path / "out"), "--scheme", scheme])
-    assert result.exit_code == 3 and all(w in result.stderr for w in words) and EXPERT in result.stderr, result.output
-    assert not (tmp_path / "out").exists()
+    result = runner.invoke(app, ["convert", str(src), str(tmp_path / "out"), "--scheme", scheme, "--json"])
+    assert result.exit_code == 3, result.output
+    report = json.loads(result.stdout.splitlines()[0])
+    text = report["message"] + " " + report["hint"]
+    assert report["error"] == error and all(w in text for w in words) and EXPERT in text, report
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad", f"src-{name}-{MOE}"]
 
 
 def test_gguf_is_refused_by_name(tmp_path):
@@ -323,6 +333,14 @@ def test_the_exact_fallback_and_the_decode_agree_with_the_reference(packed, scal
     values = relayout.decode(packed, scales, E2M1)
     assert np.array_equal(values, mx.dequantize_mx(elements.unpack_fp4(packed), scales, E2M1))
     assert np.array_equal(mx.dequantize_mx(relayout.e2m1_as_e4m3(packed), scales, E4M3), values)
+
+
+@pytest.mark.parametrize("fmt,largest", [(E2M1, b"\x77" * 16), (E4M3, b"\x7e" * 32)])  # 6 and 448, 32 values
+def test_may_overflow_is_true_from_the_first_byte_the_largest_code_decodes_past_float32(fmt, largest):
+    payload = np.frombuffer(largest, np.uint8).reshape(1, -1)
+    for byte in range(255):
+        scales = np.array([[byte]], np.uint8)
+        assert relayout.may_overflow(scales, fmt) == (not np.isfinite(relayout.decode(payload, scales, fmt)).all()), byte
 
 
 MXFP8_ACTIVATIONS = {"num_bits": 8, "type": "float", "strategy": "group", "group_size": 32, "dynamic": True}

@@ -22,6 +22,7 @@ import numpy as np
 from .constants import AS_STORED, E2M1, E2M1_AS_E4M3, E2M1_GRID, GROUP_SIZE, ElementFormat
 from .elements import decode_e2m1, decode_e4m3, e8m0_to_float, encode_e4m3, unpack_fp4
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 # E4M3 code of each E2M1 code 0..15 (sign << 3 | grid index): the same value, exactly.
 _E2M1_TO_E4M3 = encode_e4m3(np.array(E2M1_GRID + tuple(-v for v in E2M1_GRID), dtype=np.float32))
 
@@ -37,6 +38,13 @@ def e2m1_as_e4m3(packed: np.ndarray) -> np.ndarray:
 
 
 TRANSFORMS = {AS_STORED: as_stored, E2M1_AS_E4M3: e2m1_as_e4m3}
+
+
+def may_overflow(scales: np.ndarray, fmt: ElementFormat) -> bool:
+    """Whether a value under one of the E8M0 bytes `scales` could decode past float32: the format's
+    largest code times the largest 2**(b - 127). No quantizer writes such a byte (its block's
+    values would have overflowed first), so a True is rare and `decode` then finds the value."""
+    return scales.size > 0 and fmt.max_value * 2.0 ** (int(scales.max()) - 127) > FLOAT32_MAX
 
 
 def decode(payload: np.ndarray, scales: np.ndarray, fmt: ElementFormat) -> np.ndarray:

@@ -182,17 +182,22 @@ class MxRows:
             weight = self.linear.weight
             raise NonFiniteValueError(
                 f"{weight.path.name}: {weight.name!r} row {row_start + r}, column {c} decodes to {values[r, c]} "
-                f"(E8M0 byte {scales[r, c // GROUP_SIZE]} of {self.linear.scale.name!r})"
+                f"(E8M0 byte {scales[r, c // GROUP_SIZE]} of {self.linear.scale.name!r})",
+                "code x 2**(b - 127) past float32 is no quantizer's output: the checkpoint is damaged; download it again",
             )
         return values
 
     def relaid(self, data, row_start: int, rows: int, transform: str):
         """(payload, scale bytes) of rows [row_start, row_start + rows): the source bytes through
-        `transform`, the scale bytes as they are."""
-        from ascendconv.formats.relayout import TRANSFORMS
+        `transform`, the scale bytes as they are. Values that decode past float32 are refused as
+        where they are re-quantized: the package would hold them as they are."""
+        from ascendconv.formats.relayout import TRANSFORMS, may_overflow
 
         payload = TRANSFORMS[transform](self._payload(data, row_start, rows))
-        return payload, mx_scale_bytes(self.source, self.linear, row_start, row_start + rows)
+        scales = mx_scale_bytes(self.source, self.linear, row_start, row_start + rows)
+        if may_overflow(scales, self.fmt):
+            self.values(data, rows, row_start)  # raises, naming the first value past float32
+        return payload, scales
 
     def quantize(self, data, row_start: int, rows: int, fmt, rule: str, resolve_dtype: str, **out):
         """Re-quantized from the decoded values (a target the source's element format does not fit)."""
