@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
+from ascendconv.errors import shown
 from ascendconv.families import (
     FAMILIES,
     GATE_UP_DOWN,
@@ -83,6 +84,8 @@ class ModelRules:
     family: Family
     num_hidden_layers: int | None
     mtp_layer_count: int  # DeepSeek's num_nextn_predict_layers (0 if absent)
+    # config.json's model_type where it is there but not a string: its value and type, as shown
+    odd_model_type: str | None = None
 
     @property
     def known(self) -> bool:
@@ -92,8 +95,14 @@ class ModelRules:
     def warning(self) -> str | None:
         if self.known:
             return None
+        if self.odd_model_type is not None:
+            subject = f"config.json's model_type is {self.odd_model_type}, not a string naming a model family"
+        elif self.model_type is None:
+            subject = "config.json has no model_type"
+        else:
+            subject = f"model_type {shown(self.model_type)} is not one ascendconv knows"
         return (
-            f"model_type {self.model_type!r} is not one ascendconv knows; generic rules apply (any "
+            f"{subject}; generic rules apply (any "
             "experts.N.<proj> is a routed expert, q/k/v, gate/up and MLA q_a/kv_a stay packed, "
             "kv_b_proj and indexer.wk stay FLOAT); check the plan before deploying"
         )
@@ -243,11 +252,13 @@ class ModelRules:
 
 def rules_for(config: dict | None) -> ModelRules:
     config = config or {}
-    return _rules(model_type_of(config), _int(config, "num_hidden_layers"), _int(config, "num_nextn_predict_layers") or 0)
+    stated = config_value(config, "model_type")
+    odd = None if stated is None or isinstance(stated, str) else f"{shown(stated)} ({type(stated).__name__})"
+    return _rules(model_type_of(config), _int(config, "num_hidden_layers"), _int(config, "num_nextn_predict_layers") or 0, odd)
 
 
 @lru_cache(maxsize=4)
-def _rules(model_type: str | None, num_hidden_layers: int | None, mtp_layer_count: int) -> ModelRules:
-    """The rules are a function of these three config values: one object per checkpoint, so that
+def _rules(model_type: str | None, num_hidden_layers: int | None, mtp_layer_count: int, odd_model_type: str | None) -> ModelRules:
+    """The rules are a function of these config values: one object per checkpoint, so that
     the source's checks, the planner and inspect share its memo of names (`routed_expert`)."""
-    return ModelRules(model_type, _BY_TYPE.get(model_type, GENERIC), num_hidden_layers, mtp_layer_count)
+    return ModelRules(model_type, _BY_TYPE.get(model_type, GENERIC), num_hidden_layers, mtp_layer_count, odd_model_type)

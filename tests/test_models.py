@@ -121,6 +121,21 @@ def test_an_override_on_one_expert_moves_the_whole_moe_layer_with_the_reason():
     )
 
 
+@pytest.mark.parametrize(
+    "config,words",
+    [
+        ({"model_type": 3}, ["model_type is 3 (int), not a string"]),
+        ({"text_config": {"model_type": ["qwen3"]}}, ["model_type is ['qwen3'] (list), not a string"]),
+        ({}, ["config.json has no model_type"]),
+        ({"model_type": "somebody_moe"}, ["model_type 'somebody_moe' is not one ascendconv knows"]),
+    ],
+)
+def test_the_unknown_model_type_warning_shows_what_config_json_holds(config, words):
+    """A model_type that is not a string was shown as `None`, as if config.json had none."""
+    warning = rules_for(config).warning
+    assert all(w in warning for w in words) and "None" not in warning, warning
+
+
 def test_unknown_model_type_gets_the_generic_rule_and_a_warning():
     plan = plan_of(minimax_layer(), scheme="w4a8-mxfp-moe", config={"model_type": "somebody_moe"})
     assert {t for m, t in written(plan).items() if ".experts." in m} == {"W4A8_MXFP"}
