@@ -157,6 +157,31 @@ def test_not_a_block_fp8_checkpoint(fixture_copy, tmp_path, quant, error):
     assert result.exit_code == 3 and error in result.stderr and "config.json" in result.stderr
 
 
+@pytest.mark.parametrize(
+    "where,value,words",
+    [
+        ("quantization_config", [1, 2], "quantization_config is [1, 2] (list), not a JSON object"),
+        ("quantization_config", "fp8", "quantization_config is 'fp8' (str), not a JSON object"),
+        ("text_config.quantization_config", 8, "text_config.quantization_config is 8 (int), not a JSON object"),
+    ],
+)
+def test_a_quantization_config_that_is_not_an_object_is_named(fixture_copy, tmp_path, where, value, words):
+    """It was taken for none at all: "config.json has no quantization_config" of an FP8 checkpoint."""
+    src = fixture_copy(DENSE)
+    config = json.loads((src / "config.json").read_text())
+    if where == "quantization_config":
+        config["quantization_config"] = value
+    else:
+        config["text_config"] = {"quantization_config": value}
+    (src / "config.json").write_text(json.dumps(config))
+    for args in (["convert", str(src), str(tmp_path / "out")], ["inspect", str(src)]):
+        result = runner.invoke(app, [*args, "--json"])
+        assert result.exit_code == 3, result.output
+        report = json.loads(result.stdout.splitlines()[0])
+        assert report["error"] == "ConfigError" and words in report["message"], report
+    assert not (tmp_path / "out").exists()
+
+
 def test_existing_output_is_refused_unless_overwrite(fixture_copy, tmp_path):
     out = tmp_path / "out"
     out.mkdir()

@@ -70,6 +70,15 @@ def load_config(root: Path) -> tuple[dict, Path]:
     config = read_json(path, ConfigError)
     if not isinstance(config, dict):
         raise ConfigError(f"{path}: not a JSON object", "fix or re-download config.json")
+    text = config.get("text_config")
+    for location, holder in (("quantization_config", config), ("text_config.quantization_config", text)):
+        # else taken for no quantization_config at all, and the checkpoint for a plain float one
+        quant = holder.get("quantization_config") if isinstance(holder, dict) else None
+        if quant is not None and not isinstance(quant, dict):
+            raise ConfigError(
+                f"{path}: {location} is {shown(quant)} ({type(quant).__name__}), not a JSON object",
+                "a quantization_config is an object naming its quant_method; fix config.json, or download it again",
+            )
     return config, path
 
 
