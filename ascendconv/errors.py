@@ -220,7 +220,7 @@ class ScaleShapeError(InputError):
 
 
 class ScaleDtypeError(InputError):
-    default_hint = "weight_scale_inv must be F32 or BF16"
+    default_hint = "the scale is not in a dtype its format stores; check that config.json names the checkpoint's format"
 
 
 class NonFiniteScaleError(InputError):

@@ -18,6 +18,7 @@ from ascendconv.convert import ConvertOptions, convert
 from ascendconv.errors import (
     ConfigError,
     MissingScaleError,
+    ScaleDtypeError,
     ScaleShapeError,
     StaticActivationError,
     UnsupportedSourceError,
@@ -245,6 +246,20 @@ def test_deepseek_v4_mxfp4_expert_tensors_are_refused_without_the_config_key(tmp
     with pytest.raises(UnsupportedSourceError, match=r"is I8 \[64, 64\] .*MXFP4 routed experts") as caught:
         open_source(src)
     assert "no conversion is needed" in caught.value.hint
+
+
+def test_a_deepseek_v4_scale_of_another_dtype_is_hinted_in_its_own_spelling(tmp_path):
+    """The hint said "weight_scale_inv must be F32 or BF16" of a `P.scale` expected F8_E8M0 or F32."""
+    scale = "model.layers.0.self_attn.q_a_proj.scale"
+
+    def retyped(name, entry):
+        return {name: ("BF16", entry[1], entry[2] * 2) if name == scale else entry}
+
+    src = respell(as_ds_v4(FIXTURES / DEEPSEEK, tmp_path / "v4", "F8_E8M0"), tmp_path / "bf16", retyped, lambda c: c)
+    with pytest.raises(ScaleDtypeError) as caught:
+        open_source(src)
+    assert f"{scale}' is BF16, expected one of F8_E8M0, F32" in caught.value.message, caught.value.message
+    assert caught.value.hint == "each 'scale' tensor must be F8_E8M0 or F32"
 
 
 def test_a_stray_weight_scale_inv_beside_deepseek_v4_scales_is_refused_as_verify_would(tmp_path):

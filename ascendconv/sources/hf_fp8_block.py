@@ -171,6 +171,11 @@ def _pair_faultless(
     return linears if scales == len(linears) - per_tensor else None
 
 
+def _scale_dtype_hint(scale_suffix: str, scale_dtypes: tuple[str, ...]) -> str:
+    """The hint for a scale of the wrong dtype, in the format's own spelling (DeepSeek-V4: `scale`)."""
+    return f"each {scale_suffix[1:]!r} tensor must be {' or '.join(scale_dtypes)}"
+
+
 def _pair_naming_faults(
     tensors: dict[str, TensorEntry],
     block: tuple[int, int],
@@ -207,7 +212,8 @@ def _pair_naming_faults(
                 if per_tensor.dtype not in scale_dtypes:
                     raise ScaleDtypeError(
                         f"{per_tensor.path.name}: {shown(per_tensor.name)} (a per-tensor scale) is {per_tensor.dtype}, "
-                        f"expected one of {', '.join(scale_dtypes)}"
+                        f"expected one of {', '.join(scale_dtypes)}",
+                        _scale_dtype_hint(PER_TENSOR_SUFFIX, scale_dtypes),
                     )
                 linears[prefix] = new_linear(prefix, entry, per_tensor, get(prefix + BIAS_SUFFIX), shape, Encoding.FP8_TILES)
                 continue
@@ -216,7 +222,8 @@ def _pair_naming_faults(
             )
         if scale.dtype not in scale_dtypes:
             raise ScaleDtypeError(
-                f"{scale.path.name}: {shown(scale.name)} is {scale.dtype}, expected one of {', '.join(scale_dtypes)}"
+                f"{scale.path.name}: {shown(scale.name)} is {scale.dtype}, expected one of {', '.join(scale_dtypes)}",
+                _scale_dtype_hint(scale_suffix, scale_dtypes),
             )
         expected = grids.get(shape)
         if expected is None:

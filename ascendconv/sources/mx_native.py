@@ -358,7 +358,10 @@ class QuarkOcpMx(SourceFormat):
                     "a Quark FP8 weight needs its weight_scale (a multiplier); the checkpoint is incomplete",
                 )
             if scale.dtype not in ("F32", "BF16", "F16"):
-                raise ScaleDtypeError(f"{scale.path.name}: {shown(scale.name)} is {scale.dtype}, expected a float multiplier (F32, BF16 or F16)")
+                raise ScaleDtypeError(
+                    f"{scale.path.name}: {shown(scale.name)} is {scale.dtype}, expected a float multiplier (F32, BF16 or F16)",
+                    "a Quark fp8_e4m3 weight_scale is a float multiplier; E8M0 bytes belong to an fp4 layer",
+                )
             tile = quark_fp8_tile(entry, scale)
             if tile is None:
                 raise ScaleShapeError(
