@@ -531,23 +531,32 @@ def test_inspect_tallies_each_mx_tensor_under_its_label(tmp_path, name):
         src.close()
 
 
-def test_a_linear_stored_both_packed_and_plain_is_refused_naming_both(tmp_path):
+@pytest.mark.parametrize(
+    "name,stored,suffix,entry,before",
+    [
+        ("ct-mxfp4", ".weight_packed", ".weight", ("BF16", (128, 128), bytes(2 * 128 * 128)), False),
+        ("ct-mixed", ".weight", ".weight_packed", ("U8", (128, 64), bytes(128 * 64)), True),
+    ],
+)
+def test_a_linear_stored_both_packed_and_plain_is_refused_naming_both(tmp_path, name, stored, suffix, entry, before):
     """compressed-tensors MXFP4 stores a weight as `weight_packed` and the package writes it as
     `weight`: a stored `weight` beside it would be a second package tensor of that name (a
-    traceback from the shard writer, before the seam refused it). inspect and the dry run open the
-    source the same way."""
+    traceback from the shard writer), and of an MXFP8 `weight` and an MXFP4 `weight_packed` one
+    was dropped. inspect and the dry run open the source the same way."""
     q = "model.layers.0.self_attn.q_proj"
 
-    def tensor(name, entry):
-        plain = {q + ".weight": ("BF16", (128, 128), bytes(2 * 128 * 128))} if name == q + ".weight_packed" else {}
-        return {name: entry, **plain}
+    def tensor(tensor_name, stored_entry):
+        if tensor_name != q + stored:
+            return {tensor_name: stored_entry}
+        pair = [(tensor_name, stored_entry), (q + suffix, entry)]
+        return dict(pair[::-1] if before else pair)  # stored before the linear's own weight, or after
 
-    src = respell(make(tmp_path, "ct-mxfp4"), tmp_path / "both", tensor, lambda c: c)
+    src = respell(make(tmp_path, name), tmp_path / "both", tensor, lambda c: c)
     out = tmp_path / "out"
     for args in (["convert", src, out], ["convert", src, out, "--dry-run"], ["inspect", src]):
         result = runner.invoke(app, [str(a) for a in args] + ["--json"])
         assert result.exit_code == 3, result.output
         report = json.loads(result.stdout.splitlines()[0])
         assert report["error"] == "UnsupportedTensorError", report
-        assert all(w in report["message"] for w in (f"{q}.weight'", f"{q}.weight_packed'", "collide")), report["message"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["both", "src-ct-mxfp4-qwen3-moe-fp8"]
+        assert all(w in report["message"] for w in (f"{q}.weight'", f"{q}.weight_packed'", "linear")), report["message"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["both", f"src-{name}-{MOE}"]

@@ -216,6 +216,12 @@ class CompressedTensorsMx(SourceFormat):
             for layout in layouts:
                 if name.endswith(layout.weight_suffix) and entry.dtype == layout.weight_dtype:
                     linear = mx_linear(checkpoint.tensors, name, entry, layout, layout.name)
+                    if linear.prefix in linears:  # MXFP4 and MXFP8 groups: one would be dropped, or collide
+                        raise UnsupportedTensorError(
+                            f"{entry.path.name}: {shown(name)} and {shown(linears[linear.prefix].weight.name)} are both "
+                            f"stored as the weight of linear {shown(linear.prefix)}, which the package writes once",
+                            "a linear is stored once, in one MX format; remove one of the two tensors",
+                        )
                     linears[linear.prefix] = linear
             if name.endswith(".weight_packed") and name[: -len(".weight_packed")] not in linears:
                 raise UnsupportedTensorError(
