@@ -489,20 +489,25 @@ def test_a_file_at_out_is_not_told_to_pass_overwrite(fixture_copy, tmp_path):
     assert "--overwrite" not in envelope["hint"]
 
 
-def test_an_interrupt_before_the_output_is_staged_says_nothing_was_written(fixture_copy, tmp_path, monkeypatch):
-    import ascendconv.convert as convert_module
-
-    def prepare(self, plan, source, notice):  # as SIGTERM arrives while the kernels compile
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(1)
-
-    monkeypatch.setattr(convert_module.Kernel, "prepare", prepare)
-    out = tmp_path / "out"
-    result = runner.invoke(app, ["convert", str(fixture_copy(DENSE)), str(out), "--json"])
-    assert result.exit_code == 143
-    envelope = json.loads(result.stdout)
+def test_an_interrupt_before_the_output_is_staged_says_nothing_was_written(fixture_copy, tmp_path):
+    # in a process of its own: the signal is real, and a test runner's handlers stay out of it
+    src, out = fixture_copy(DENSE), tmp_path / "out"
+    code = (
+        "import os, signal, sys, time\n"
+        "import ascendconv.convert as convert_module\n"
+        "def prepare(self, plan, source, notice):  # SIGTERM arrives while the kernels compile\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    time.sleep(30)\n"
+        "convert_module.Kernel.prepare = prepare\n"
+        "from ascendconv.cli import app\n"
+        f"sys.argv = ['ascendconv', 'convert', {str(src)!r}, {str(out)!r}, '--json']\n"
+        "app()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 143, done.stderr
+    envelope = json.loads(done.stdout)
     assert envelope["error"] == "Interrupted" and envelope["hint"] == f"nothing was written at {out}"
-    assert not out.exists()
+    assert "Traceback" not in done.stderr and not out.exists() and hidden_siblings(tmp_path) == []
 
 
 def test_a_second_interrupt_while_threads_wind_down_exits_at_once_without_a_traceback():
