@@ -12,6 +12,7 @@ EXIT_USAGE = 2
 EXIT_INPUT = 3
 EXIT_ENVIRONMENT = 4  # this machine cannot do what was asked: write OUT, run on an NPU
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # the shell's 128 + SIGPIPE: the reader of stdout left (`| head`)
 
 # Names, labels and values in messages come from files anyone can write; one of 16 MB would make
 # every message (and its rendering) as large. Longer ones are cut in the middle, with their length.
@@ -179,6 +180,12 @@ class NotBlockFP8Error(UnsupportedSourceError):
     )
 
 
+class UnreadableInputError(InputError):
+    """A file or directory the command reads that this user may not read."""
+
+    default_hint = "check its permissions (ls -ld), or run as a user who may read it"
+
+
 class ConfigError(InputError):
     pass
 
@@ -298,6 +305,12 @@ def out_of_memory(exc: MemoryError, doing: str) -> OutOfMemoryError:
     ran out of memory: never a traceback, never taken for damaged input."""
     detail = str(exc).strip()
     return OutOfMemoryError(f"no memory left {doing}" + (f" ({clip(detail)})" if detail else ""))
+
+
+def unreadable(exc: PermissionError) -> UnreadableInputError:
+    """A PermissionError met while reading input, as the named error naming the path."""
+    where = exc.filename if exc.filename is not None else "an input file"
+    return UnreadableInputError(f"{clip(str(where))}: cannot be read ({exc.strerror or 'permission denied'})")
 
 
 class OutputWriteError(EnvironmentProblem):

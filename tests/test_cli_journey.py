@@ -326,3 +326,106 @@ def test_the_synthetic_checkpoint_generator_writes_what_convert_takes(tmp_path):
     groups = result.plan.module_groups()
     assert groups["model.layers.*.mlp.experts.*.down_proj"] == {"W4A8_MXFP": 8}  # 2 MoE layers x 4 experts
     assert groups["model.layers.*.self_attn.kv_b_proj"] == {"FLOAT": 3}  # DeepSeek's rules keep it FLOAT
+
+
+# --- where reports go, unreadable input, a reader that leaves ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def moe_package(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("pkg") / "moe-w4"
+    convert(MOE, out, ConvertOptions(scheme="w4a8-mxfp-moe"))
+    return out
+
+
+def no_verify_may_run(monkeypatch):
+    import ascendconv.verify as verify_module
+
+    def verify(*args, **kwargs):
+        raise AssertionError("a check ran before the report's destination was refused")
+
+    monkeypatch.setattr(verify_module, "verify", verify)
+
+
+def test_a_report_inside_the_package_is_refused_before_any_check(moe_package, monkeypatch):
+    card = (moe_package / "README.md").read_bytes()
+    no_verify_may_run(monkeypatch)
+    result = cli("verify", moe_package, "--report", moe_package / "README.md", "--json")
+    envelope = json.loads(result.stdout)
+    assert result.exit_code == 2 and envelope["error"] == "BadOptionError"
+    assert "is inside the package it reports on" in envelope["message"] and "moe-w4.verify.md" in envelope["hint"]
+    assert (moe_package / "README.md").read_bytes() == card
+
+
+def test_a_report_or_step_summary_that_cannot_be_written_is_refused_before_any_check(moe_package, tmp_path, monkeypatch):
+    no_verify_may_run(monkeypatch)
+    result = cli("verify", moe_package, "--report", tmp_path / "nowhere" / "r.html", "--json")
+    envelope = json.loads(result.stdout)
+    assert result.exit_code == 2 and envelope["error"] == "OutputPathError"
+    assert "cannot be written (No such file or directory)" in envelope["message"]
+    assert envelope["hint"] == "choose a file in a directory you may write to"
+    result = cli("verify", moe_package, "--step-summary", "--json", env={"GITHUB_STEP_SUMMARY": str(tmp_path)})
+    assert result.exit_code == 2 and "is not a regular file" in json.loads(result.stdout)["message"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # the probes left nothing
+
+
+def test_a_report_that_fails_at_the_end_keeps_the_verdict(moe_package, tmp_path, monkeypatch):
+    report = tmp_path / "r.md"
+    real = Path.write_text
+
+    def write_text(self, *args, **kwargs):
+        if self == report:
+            raise OSError(28, "No space left on device", str(self))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", write_text)
+    result = cli("verify", moe_package, "--report", report, "--json")
+    assert result.exit_code == 0 and json.loads(result.stdout)["ok"] is True
+    assert f"--report {report}: cannot write (No space left on device); no report was written" in result.stderr
+
+
+@pytest.mark.parametrize("command", ["inspect", "convert", "verify", "verify --source", "assemble"])
+def test_an_unreadable_directory_is_a_named_input_error(moe_package, tmp_path, command):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o000)
+    args = {
+        "inspect": ["inspect", locked],
+        "convert": ["convert", locked, tmp_path / "out"],
+        "verify": ["verify", locked],
+        "verify --source": ["verify", moe_package, "--source", locked],
+        "assemble": ["assemble", tmp_path / "out", locked],
+    }[command]
+    # root reads any directory: drop the capabilities that let it, for the one process
+    prefix = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", "--"] if os.geteuid() == 0 else []
+    if prefix and shutil.which("setpriv") is None:
+        pytest.skip("running as root without setpriv: no directory is unreadable")
+    done = subprocess.run([*prefix, sys.executable, "-m", "ascendconv", *map(str, args), "--json"],
+                          capture_output=True, text=True, timeout=300)
+    locked.chmod(0o755)
+    envelope = json.loads(done.stdout)
+    assert done.returncode == 3, done.stderr
+    assert envelope["error"] in ("UnreadableInputError", "PartError"), envelope
+    assert str(locked) in envelope["message"] and "Traceback" not in done.stderr
+
+
+def test_an_unreadable_input_met_anywhere_is_named_with_its_path(monkeypatch):
+    import ascendconv.inspect as inspect_module
+
+    def inspect_path(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", "ckpt/config.json")
+
+    monkeypatch.setattr(inspect_module, "inspect_path", inspect_path)
+    result = cli("inspect", MOE, "--json")
+    envelope = json.loads(result.stdout)
+    assert result.exit_code == 3 and envelope["error"] == "UnreadableInputError"
+    assert envelope["message"] == "ckpt/config.json: cannot be read (Permission denied)"
+
+
+@pytest.mark.parametrize("args", [["inspect", MOE], ["inspect", MOE, "--json"], ["verify", "PACKAGE"]])
+def test_a_reader_that_leaves_ends_the_command_with_141_never_1(moe_package, args):
+    args = [moe_package if a == "PACKAGE" else a for a in args]
+    process = subprocess.Popen([sys.executable, "-m", "ascendconv", *map(str, args)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    process.stdout.close()  # as `| head -0` does
+    stderr = process.stderr.read().decode()
+    assert process.wait(timeout=300) == 141 and "Traceback" not in stderr and "Exception ignored" not in stderr

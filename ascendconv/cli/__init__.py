@@ -20,9 +20,9 @@ from rich.markup import escape
 from typer.core import TyperGroup
 
 from ascendconv import __version__
-from ascendconv.cli.console import err, out
+from ascendconv.cli.console import err, leave_broken_pipe, out
 from ascendconv.cli.envelope import dump_envelope, error_envelope, usage_hint
-from ascendconv.errors import EXIT_INTERRUPTED, AscendconvError, Interrupted, out_of_memory
+from ascendconv.errors import EXIT_INTERRUPTED, AscendconvError, Interrupted, out_of_memory, unreadable
 
 # At exit the interpreter's last garbage collection walks every object still alive, numba's type
 # system included: 0.11 s of a 0.63 s convert of the sample, 0.03 s of a 0.15 s verify. Objects frozen
@@ -34,6 +34,14 @@ class CommandLine(TyperGroup):
     """The group every command hangs on: an option parser's usage error (an unknown option, a value
     not among the choices) is printed with a "did you mean" where one is close, and, when --json was
     given, also as the one JSON error object on stdout that every other error prints."""
+
+    def invoke(self, ctx):
+        """The command; a reader of stdout that left ends it as `leave_broken_pipe` says (Click's own
+        handling, outside, would exit 1)."""
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            leave_broken_pipe()
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         argv = list(sys.argv[1:] if args is None else args)
@@ -52,9 +60,6 @@ class CommandLine(TyperGroup):
             sys.exit(exc.exit_code)
         except typer.Abort:
             typer.echo("Aborted!", err=True)
-            sys.exit(1)
-        except BrokenPipeError:  # `ascendconv inspect X | head`: the reader left; say nothing more
-            sys.stdout = open(os.devnull, "w")
             sys.exit(1)
         except MemoryError as exc:
             # the one net for every command and every step of it (a lazy import, the library, the
@@ -104,6 +109,10 @@ def run(action: Callable[[], object], as_json: bool, command: str) -> object:
     except AscendconvError as exc:
         report_error(exc, as_json, command)
         raise typer.Exit(exc.exit_code)
+    except PermissionError as exc:  # an input this user may not read: a directory without x, a file without r
+        named = unreadable(exc)
+        report_error(named, as_json, command)
+        raise typer.Exit(named.exit_code)
     except KeyboardInterrupt as exc:
         what = f"by {signal.Signals(exc.signum).name}" if isinstance(exc, Interrupted) else ""
         outcome = getattr(exc, "outcome", None)

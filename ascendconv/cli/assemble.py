@@ -16,7 +16,7 @@ from ascendconv.cli.progress import byte_progress
 @app.command("assemble")
 def assemble_command(
     out_dir: NewPackage,
-    part_dirs: Annotated[List[Path], typer.Argument(metavar="PARTDIR...", help="Every part directory of one plan.")],
+    part_dirs: Annotated[List[Path], typer.Argument(metavar="PARTDIR...", help="Every part directory of one plan.", readable=False)],
     as_json: AsJson = False,
     overwrite: Overwrite = False,
     quiet: Quiet = False,

@@ -24,33 +24,70 @@ def renderer(kind: str) -> Renderer:
     return render
 
 
-def check_report_path(path: Path) -> str:
-    """The report's format, from FILE's suffix; refused before any check runs otherwise."""
+def check_report_path(path: Path, package: Path) -> str:
+    """The report's format, from FILE's suffix; FILE refused before any check runs when it could not
+    be written at the end (or would land in the package being checked)."""
     kind = SUFFIXES.get(path.suffix.lower())
     if kind is None:
         raise BadOptionError(f"--report {path}: the name must end in .html or .md", "e.g. --report verify.html")
     if path.is_dir():
         raise BadOptionError(f"--report {path}: is a directory", "name a file, e.g. --report verify.html")
+    if Path(os.path.realpath(path)).parent == Path(os.path.realpath(package)):
+        raise BadOptionError(
+            f"--report {path}: is inside the package it reports on, which it would change (or replace one of its "
+            "files, as README.md)",
+            f"write it beside the package, e.g. --report {package.name}.verify{path.suffix}",
+        )
+    probe_writable(path, f"--report {path}")
     return kind
 
 
-def write_reports(data: dict, path: Path | None, kind: str | None, step_summary: bool) -> None:
+def check_step_summary(step_summary: bool) -> None:
+    """$GITHUB_STEP_SUMMARY, when --step-summary asks for it and it is set, checked before any check runs."""
+    target = os.environ.get(STEP_SUMMARY) if step_summary else None
+    if target:
+        probe_writable(Path(target), f"--step-summary: ${STEP_SUMMARY} ({target})")
+
+
+def probe_writable(path: Path, what: str) -> None:
+    """OutputPathError unless `path` can be written, tried without changing it: an existing file is
+    opened for appending and closed, a new one created and removed."""
+    try:
+        if os.path.lexists(path):
+            if not path.is_file():
+                raise OutputPathError(f"{what}: is not a regular file", REPORT_HINT)
+            os.close(os.open(path, os.O_WRONLY | os.O_APPEND))
+        else:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            os.unlink(path)
+    except OSError as exc:
+        raise OutputPathError(f"{what}: cannot be written ({exc.strerror or exc})", REPORT_HINT) from None
+
+
+REPORT_HINT = "choose a file in a directory you may write to"
+
+
+def write_reports(data: dict, path: Path | None, kind: str | None, step_summary: bool) -> list[str]:
+    """Write the reports; what could not be written, in words (the destinations were checked before
+    the checks ran, so this is rare: the verdict stands all the same)."""
+    failed = []
     if path is not None:
         text = io.StringIO()
         renderer(kind)(data, text)
         try:
             path.write_text(text.getvalue(), encoding="utf-8")
         except OSError as exc:
-            raise OutputPathError(f"--report {path}: cannot write ({exc.strerror or exc})") from None
+            failed.append(f"--report {path}: cannot write ({exc.strerror or exc}); no report was written")
     if step_summary:
         target = os.environ.get(STEP_SUMMARY)
         if not target:
             notice(f"--step-summary: ${STEP_SUMMARY} is not set (not a GitHub Actions job); nothing appended")
-            return
+            return failed
         text = io.StringIO()
         renderer("markdown")(data, text)
         try:
             with open(target, "a", encoding="utf-8") as summary:
                 summary.write(text.getvalue() + "\n")
         except OSError as exc:
-            raise OutputPathError(f"--step-summary: cannot append to {target} ({exc.strerror or exc})") from None
+            failed.append(f"--step-summary: cannot append to {target} ({exc.strerror or exc})")
+    return failed

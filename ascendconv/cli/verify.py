@@ -18,7 +18,8 @@ DEFAULTS = VerifyOptions()  # the defaults are VerifyOptions', written once
 
 @app.command("verify")
 def verify_command(
-    package: Path = typer.Argument(..., metavar="OUT", help="The package directory to check."),
+    # readable=False: an unreadable OUT is bad input (exit 3, named), which the library reports, not a usage error
+    package: Path = typer.Argument(..., metavar="OUT", help="The package directory to check.", readable=False),
     tp: Optional[int] = typer.Option(
         None, "--tp", metavar="T", help="Tensor-parallel ranks vLLM will use (default: as recorded at conversion, else 1)."
     ),
@@ -73,9 +74,10 @@ def verify_command(
     from ascendconv.io.hfcache import resolve_source
     from ascendconv.verify import verify
 
-    from ascendconv.cli.reports import check_report_path, write_reports
+    from ascendconv.cli.reports import check_report_path, check_step_summary, write_reports
 
-    renderer = run(lambda: check_report_path(report_file), as_json, "verify") if report_file is not None else None
+    renderer = run(lambda: check_report_path(report_file, package), as_json, "verify") if report_file is not None else None
+    run(lambda: check_step_summary(step_summary), as_json, "verify")
     recorded = recorded_deployment(package) if tp is None or ep is None else None
 
     def action():
@@ -106,7 +108,8 @@ def verify_command(
             return verify(package, options, progress, notice)
 
     report = run(action, as_json, "verify")
-    run(lambda: write_reports(report.to_dict(), report_file, renderer, step_summary), as_json, "verify")
+    for problem in write_reports(report.to_dict(), report_file, renderer, step_summary):
+        notice(problem)
     if as_json:
         print_json(report, "verify")
     else:
