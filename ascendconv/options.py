@@ -126,6 +126,13 @@ DEFAULT_MIN_SQNR_MXFP4 = QUANT_TYPES[W4A8_MXFP].min_sqnr_db
 DEFAULT_MAX_MOE_REL_ERR = {name: t.moe_rel_err for name, t in QUANT_TYPES.items()}
 DEFAULT_NPU_TOL = 0.05
 MAX_MOE_TOKENS = 8192  # activations of (tokens, hidden) floats per sampled layer stay under a GB
+DEFAULT_TOP = 10  # worst tensors verify's table shows
+
+
+def check_top(top: int) -> None:
+    """--top: how many of the worst tensors the report's table shows (0: none)."""
+    if top < 0:
+        raise BadOptionError(f"--top {top}: must be 0 or more", "it is how many of the worst tensors the table shows")
 
 
 @dataclass
@@ -160,8 +167,8 @@ class VerifyOptions:
             raise BadOptionError(f"--sample {self.sample}: choose a fraction in (0, 1]", "1 re-derives every row")
         if self.sample < 1.0 and self.exact == "full":
             raise BadOptionError("--sample and --exact-full contradict each other", "--exact-full checks every row")
-        if self.source is None and (self.exact != "off" or self.moe_check):
-            flag = "--moe-check" if self.moe_check else "--exact"
+        if self.source is None and (self.exact != "off" or self.moe_check or self.sample < 1.0):
+            flag = "--moe-check" if self.moe_check else ("--exact" if self.exact != "off" else f"--sample {self.sample:g}")
             raise BadOptionError(f"{flag} needs --source SRC", "pass the checkpoint the package came from")
         if self.moe_layers < 0 or not 1 <= self.moe_tokens <= MAX_MOE_TOKENS:
             raise BadOptionError(f"--moe-layers must be >= 0 and --moe-tokens from 1 to {MAX_MOE_TOKENS}")

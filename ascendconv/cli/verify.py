@@ -11,7 +11,7 @@ from ascendconv.cli import app, print_json, run
 from ascendconv.cli.console import err, notice, out
 from ascendconv.cli.options import AsJson, Quiet
 from ascendconv.cli.progress import verify_progress
-from ascendconv.options import DEFAULT_MAX_MOE_REL_ERR, MAX_MOE_TOKENS, VerifyOptions
+from ascendconv.options import DEFAULT_MAX_MOE_REL_ERR, DEFAULT_TOP, MAX_MOE_TOKENS, VerifyOptions, check_top
 
 DEFAULTS = VerifyOptions()  # the defaults are VerifyOptions', written once
 
@@ -55,7 +55,7 @@ def verify_command(
     on_npu: bool = typer.Option(False, "--on-npu", help="Run the fused op on an Ascend 950 and compare with the CPU reference."),
     npu_tol: float = typer.Option(DEFAULTS.npu_tol, help="Largest rel. error of the NPU output against the CPU reference."),
     seed: int = typer.Option(DEFAULTS.seed, help="Seed of the sampled rows, activations and routing."),
-    top: int = typer.Option(10, help="Worst tensors shown."),
+    top: int = typer.Option(DEFAULT_TOP, help="Worst tensors shown (0 or more)."),
     report_file: Optional[Path] = typer.Option(
         None, "--report", metavar="FILE", help="Also write the report as FILE.html (self-contained page) or FILE.md."
     ),
@@ -76,6 +76,7 @@ def verify_command(
 
     from ascendconv.cli.reports import check_report_path, check_step_summary, write_reports
 
+    run(lambda: check_top(top), as_json, "verify")
     renderer = run(lambda: check_report_path(report_file, package), as_json, "verify") if report_file is not None else None
     run(lambda: check_step_summary(step_summary), as_json, "verify")
     recorded = recorded_deployment(package) if tp is None or ep is None else None
