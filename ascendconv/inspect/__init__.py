@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 
 from ascendconv.ascendv1 import DESCRIPTION_NAME
-from ascendconv.errors import NoQuantizableLinearError, PackageError, UnrecognizedCheckpointError
+from ascendconv.errors import NoQuantizableLinearError, PackageError
 from ascendconv.gcpause import gc_paused
 from ascendconv.inspect.package import inspect_package
 from ascendconv.inspect.plain import inspect_plain
@@ -31,7 +31,7 @@ from ascendconv.inspect.report import (
     TensorRow,
 )
 from ascendconv.inspect.source import inspect_source
-from ascendconv.io.hfcache import resolve_source
+from ascendconv.io.hfcache import local_directory, resolve_source
 from ascendconv.io.package import is_package, refuse_part_directory
 from ascendconv.sources.checkpoint import find_quantization_config, load_config
 from ascendconv.decide import Deployment
@@ -49,9 +49,7 @@ def inspect_path(
     are made for. Raises a project error (exit code 3) for anything that is not a source checkpoint, a
     plain float checkpoint or an AscendV1 package, and for a source whose headers are invalid.
     """
-    root = resolve_source(str(path))
-    if root.is_file():
-        raise UnrecognizedCheckpointError(f"{root}: is a file; inspect takes a directory")
+    root = local_directory(resolve_source(str(path)), "inspect")
     refuse_part_directory(root, "a package or a checkpoint")
     if is_package(root):
         return inspect_package(root, tensors)

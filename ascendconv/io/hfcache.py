@@ -6,7 +6,7 @@ import os
 import re
 from pathlib import Path
 
-from ascendconv.errors import NotCachedError, NotFoundError
+from ascendconv.errors import NotCachedError, NotFoundError, UnrecognizedCheckpointError
 from ascendconv.io.files import read_regular_bytes
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?$")
@@ -29,6 +29,8 @@ def _nearby(path: Path) -> str:
     """A hint naming the directory beside `path` whose name is closest to its name."""
     import difflib
 
+    if not path.parent.is_dir():
+        return f"{path.parent} is no directory either; pass a checkpoint directory or a cached repo id"
     try:
         names = sorted(p.name for p in path.parent.iterdir() if p.is_dir())
     except OSError:
@@ -39,13 +41,25 @@ def _nearby(path: Path) -> str:
     return f"{path.parent} holds no directory of that name; pass a checkpoint directory or a cached repo id"
 
 
+def local_directory(text: str | os.PathLike, command: str) -> Path:
+    """A directory given on the command line: a file is refused naming `command`, a missing path
+    with the closest directory beside it (the one every command's mistyped path gets)."""
+    path = Path(text).expanduser()
+    if path.is_dir():
+        return path
+    if os.path.lexists(path):
+        what = "is a file" if path.is_file() else "is not a directory"
+        raise UnrecognizedCheckpointError(f"{text}: {what}; {command} takes a directory", f"did you mean {path.parent}?")
+    raise NotFoundError(f"{text}: no such directory", _nearby(path))
+
+
 def resolve_source(text: str) -> Path:
     """A local directory as it is; otherwise `org/name[@revision]` looked up in the HF cache."""
     path = Path(text).expanduser()
     if path.exists():
         return path
     if not REPO_ID.match(text) or text.startswith((".", "/", "~")):
-        raise NotFoundError(f"{text}: no such directory", "pass a checkpoint directory or a cached repo id")
+        raise NotFoundError(f"{text}: no such directory", _nearby(path))
     repo, _, revision = text.partition("@")
     if revision and not REVISION.match(revision):
         raise NotFoundError(f"{text}: {revision!r} is not a revision name", "name a branch, a tag or a commit hash")
@@ -53,7 +67,7 @@ def resolve_source(text: str) -> Path:
     repo_dir = cache / ("models--" + repo.replace("/", "--"))
     snapshots = repo_dir / "snapshots"
     if not snapshots.is_dir():
-        if path.parent.is_dir() and path.parent != Path("."):  # a local path mistyped, most likely
+        if path.parent.is_dir():  # a local path mistyped, most likely
             raise NotFoundError(f"{text}: no such directory (nor a repo id in the Hugging Face cache)", _nearby(path))
         raise NotCachedError(f"{text}: not a local directory and not in the Hugging Face cache at {cache}")
     revision = revision or "main"

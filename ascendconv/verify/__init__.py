@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 from ascendconv.errors import InputError
+from ascendconv.io.hfcache import local_directory
 from ascendconv.io.package import Package, refuse_package_as_source, refuse_part_directory
 from ascendconv.verify.checks import CHECKS
 from ascendconv.verify.integrity import (
@@ -103,8 +104,9 @@ def _verify(
     started = time.perf_counter()
     options = options or VerifyOptions()
     options.validate()
-    refuse_part_directory(Path(package), "a package")
-    pkg = Package.open(package)
+    root = local_directory(package, "verify")
+    refuse_part_directory(root, "a package")
+    pkg = Package.open(root)
     source = None
     if options.source is not None:
         from ascendconv.sources import open_source
