@@ -140,3 +140,9 @@ def test_ray_option_defaults_are_ray_options_defaults():
 def test_every_choice_option_refuses_a_typo(tmp_path, option):
     result = runner.invoke(app, ["convert", str(DENSE), str(tmp_path / "out"), option, "nope", "--dry-run"])
     assert result.exit_code == 2
+
+
+def test_inspect_filter_heading_keeps_a_long_glob_whole_in_a_pipe(converted):
+    glob = "model.layers.1.mlp.experts.0.down_proj.weight"
+    lines = ok("inspect", converted("qwen3-moe-fp8"), "--filter", glob, columns=60)
+    assert lines[1] == f"1 of 76 tensors match {glob!r}"

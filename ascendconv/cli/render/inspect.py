@@ -11,6 +11,7 @@ from ascendconv.cli.render.tables import (
     MAX_LISTED,
     deployment_flags,
     elide_middle,
+    fitted,
     human_bytes,
     plural,
     print_grid,
@@ -218,7 +219,7 @@ def _render_tensor_list(report, console: Console) -> None:
     console.print(
         Text(
             f"{len(report.tensors)} of {plural(report.tensor_count, 'tensor')} match "
-            + elide_middle(repr(report.tensor_filter), console.width // 2)
+            + fitted(console, repr(report.tensor_filter), console.width // 2)
         )
     )
     rows = [
@@ -240,4 +241,4 @@ def _render_tensor_list(report, console: Console) -> None:
         listed = [listed[0], listed[-1]]
     for file, number in listed:
         label = f"shard {number} = "
-        console.print(Text(label + elide_middle(file, console.width - len(label)), style="dim"))
+        console.print(Text(label + fitted(console, file, console.width - len(label)), style="dim"))

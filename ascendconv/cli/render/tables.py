@@ -77,6 +77,11 @@ def elide_middle(text: str, width: int) -> str:
     return text[:head] + "…" + (text[-tail:] if tail else "")
 
 
+def fitted(console: Console, text: str, width: int) -> str:
+    """`text` elided to `width` cells on a terminal; whole in a pipe or a log (docs/ci.md)."""
+    return elide_middle(text, width) if console.is_terminal else text
+
+
 def elide_name(name: str, width: int) -> str:
     """A dotted module or tensor name cut to `width` cells keeping every layer and expert number and
     the last words, which say what it is: words that precede no number go first ('…'), then the words
