@@ -37,6 +37,7 @@ from ascendconv.decide import SCHEMES as DECIDE_SCHEMES, module_pattern
 from ascendconv.io.safetensors import TensorReader, read_header
 from ascendconv.io.writer import ShardWriter, TensorSpec
 from ascendconv.sources import Source
+from ascendconv.verify import VerifyOptions, verify
 from conftest import FIXTURE_NAMES, FIXTURES, SCHEMES, load_shard, save_shard
 
 runner = CliRunner()
@@ -667,3 +668,17 @@ def test_module_pattern_segment_by_segment_is_the_pattern_at_once(name):
 
 def test_module_pattern_of_a_name_of_many_segments():
     assert module_pattern("a." * 5000 + "7") == "a." * 5000 + "*"
+
+
+@pytest.mark.parametrize("label", [5, None, ["W8A8_MXFP8"], "W9_MXFP"])
+def test_package_description_naming_no_type_is_a_disagreement_as_verify_fails_it(converted, tmp_path, label):
+    root = tmp_path / "pkg"
+    shutil.copytree(package_of(converted, DENSE, "w8a8-mxfp8"), root)
+    description_path = root / "quant_model_description.json"
+    description = json.loads(description_path.read_text())
+    name = "model.layers.0.self_attn.q_proj.weight"
+    description[name] = label
+    description_path.write_text(json.dumps(description))
+    problem = f"{name!r} has type {label!r}; known types: FLOAT, W8A8_MXFP8, W4A16_MXFP4, W4A8_MXFP, W4A4_MXFP4"
+    assert problem in inspect_path(root).problems
+    assert problem in verify(root, VerifyOptions(checksums=False)).check("description").problems

@@ -32,9 +32,7 @@ def inspect_package(root: Path, glob: str | None) -> InspectReport:
     declared = package.fields.get("model_quant_type")
     if highest is not None and declared != highest:
         problems.append(f"model_quant_type is {shown(declared)} but the highest type described is {shown(highest)}")
-    unknown = sorted(present - set(RANK))
-    if unknown:
-        problems.append(f"description uses unknown type(s) {', '.join(map(shown, unknown))}")
+    problems += package.unknown_types()
     group_size = package.fields.get("group_size", GROUP_SIZE)
     if type(group_size) is not int or group_size != GROUP_SIZE:  # 32.0 == 32, but breaks vllm-ascend's shapes
         problems.append(f"group_size is {shown(package.fields.get('group_size'))}, expected {GROUP_SIZE}")

@@ -19,8 +19,10 @@ from ascendconv.ascendv1 import (
     INDEX_NAME,
     PART_MANIFEST_NAME,
     PROVENANCE_NAME,
+    QUANT_TYPES,
     SINGLE_SHARD_NAME,
     Provenance,
+    quant_type_named,
     split_description,
 )
 
@@ -135,6 +137,14 @@ class Package:
     @property
     def total_bytes(self) -> int:
         return sum(file_size(self.root / f) for f in self.shard_files)
+
+    def unknown_types(self) -> list[str]:
+        """A problem per description entry whose type names no known type, or is no string at all."""
+        return [
+            f"{shown(name)} has type {shown(label)}; known types: {', '.join(QUANT_TYPES)}"
+            for name, label in sorted(self.description.items())
+            if quant_type_named(label) is None
+        ]
 
     def disagreements(self) -> list[str]:
         """Where description, index and shard headers do not name the same tensors."""
