@@ -43,7 +43,7 @@ from conftest import FIXTURE_NAMES, FIXTURES, SCHEMES, load_shard, save_shard
 runner = CliRunner()
 DENSE, MOE, DEEPSEEK = "qwen3-dense-fp8", "qwen3-moe-fp8", "deepseek-v3-fp8"
 JSON_KEYS = [
-    "ok", "schema", "command", "kind", "path", "model", "quantization", "package", "files", "tensors", "structure", "deployment", "warnings",
+    "ok", "schema", "command", "kind", "path", "hub", "model", "quantization", "package", "files", "tensors", "structure", "deployment", "warnings",
     "groups", "schemes", "problems", "tensor_filter", "tensor_list",
 ]
 
@@ -682,3 +682,17 @@ def test_package_description_naming_no_type_is_a_disagreement_as_verify_fails_it
     problem = f"{name!r} has type {label!r}; known types: FLOAT, W8A8_MXFP8, W4A16_MXFP4, W4A8_MXFP, W4A4_MXFP4"
     assert problem in inspect_path(root).problems
     assert problem in verify(root, VerifyOptions(checksums=False)).check("description").problems
+
+
+def test_a_cached_repo_is_titled_by_its_repo_id_and_its_revision_shown(tmp_path, monkeypatch):
+    repo = tmp_path / "hub" / "models--Org--QwenMoe"
+    shutil.copytree(FIXTURES / MOE, repo / "snapshots" / "abc123")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc123\n")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    report = inspect_path("Org/QwenMoe")
+    assert (report.title, report.to_dict()["hub"]) == ("Org/QwenMoe", {"repo_id": "Org/QwenMoe", "revision": "abc123"})
+    lines = runner.invoke(app, ["inspect", "Org/QwenMoe"]).stdout.splitlines()
+    assert lines[0].startswith("Org/QwenMoe  ")
+    assert "revision      abc123 of Org/QwenMoe in the Hugging Face cache" in lines
+    assert inspect_path(FIXTURES / MOE).to_dict()["hub"] is None

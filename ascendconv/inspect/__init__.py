@@ -12,6 +12,7 @@ full check. Nothing here prints: the result is an `InspectReport` whose `to_dict
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from ascendconv.ascendv1 import DESCRIPTION_NAME
 from ascendconv.errors import NoQuantizableLinearError, PackageError
@@ -31,7 +32,7 @@ from ascendconv.inspect.report import (
     TensorRow,
 )
 from ascendconv.inspect.source import inspect_source
-from ascendconv.io.hfcache import local_directory, resolve_source
+from ascendconv.io.hfcache import cached_repo, local_directory, resolve_source
 from ascendconv.io.package import is_package, refuse_part_directory
 from ascendconv.sources.checkpoint import find_quantization_config, load_config
 from ascendconv.decide import Deployment
@@ -50,6 +51,13 @@ def inspect_path(
     plain float checkpoint or an AscendV1 package, and for a source whose headers are invalid.
     """
     root = local_directory(resolve_source(str(path)), "inspect")
+    report = _inspect_directory(root, tensors, deployment)
+    repo = cached_repo(root)
+    report.hub = None if repo is None else {"repo_id": repo[0], "revision": repo[1]}
+    return report
+
+
+def _inspect_directory(root: Path, tensors: str | None, deployment: Deployment | None) -> InspectReport:
     refuse_part_directory(root, "a package or a checkpoint")
     if is_package(root):
         return inspect_package(root, tensors)

@@ -152,6 +152,12 @@ class InspectReport:
     problems: list[str] = field(default_factory=list)
     tensor_filter: str | None = None
     tensors: list[TensorRow] | None = None  # only when asked for
+    hub: dict | None = None  # {"repo_id", "revision"} when `path` is a snapshot of the Hugging Face cache
+
+    @property
+    def title(self) -> str:
+        """What the report is of: the repo id of a cached snapshot (its directory is a commit hash), else the directory."""
+        return self.hub["repo_id"] if self.hub else (self.path.name or str(self.path))
 
     @property
     def label(self) -> str:
@@ -165,6 +171,7 @@ class InspectReport:
             "schema": SCHEMA_VERSION,
             "kind": self.kind,
             "path": str(self.path),
+            "hub": None if self.hub is None else dict(self.hub),
             "model": dict(self.model),
             "quantization": None if self.quantization is None else dict(self.quantization),
             "package": None if self.package is None else dict(self.package),

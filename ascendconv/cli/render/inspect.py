@@ -33,7 +33,7 @@ def _render_inspect_summary(report, console: Console) -> None:
     from ascendconv.inspect import KIND_PLAIN
 
     head = Text()
-    head.append(report.path.name or str(report.path), style="bold")
+    head.append(report.title, style="bold")
     head.append(f"  {report.label}")
     console.print(head)
 
@@ -45,6 +45,8 @@ def _render_inspect_summary(report, console: Console) -> None:
             f"{model['model_type'] or '(no model_type)'}, {', '.join(model['architectures']) or '(no architectures)'}",
         ),
     ]
+    if report.hub:
+        facts.insert(1, ("revision", f"{report.hub['revision']} of {report.hub['repo_id']} in the Hugging Face cache"))
     quant = report.quantization
     if quant is not None and quant["quant_method"] is None:  # a plain float source
         facts.append(("format", f"{quant['label']}: {quant['fmt']} weights, quantized from their values"))
@@ -213,7 +215,7 @@ def _render_package_files(report, console: Console) -> None:
 def _render_tensor_list(report, console: Console) -> None:
     numbers = {s.file: i + 1 for i, s in enumerate(report.shards)}
     head = Text()
-    head.append(report.path.name or str(report.path), style="bold")
+    head.append(report.title, style="bold")
     head.append(f"  {report.label}")
     console.print(head)
     console.print(
