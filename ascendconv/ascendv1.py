@@ -12,6 +12,7 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
+from ascendconv.errors import shown
 from ascendconv.formats.constants import (
     E2M1,
     E4M3,
@@ -340,6 +341,12 @@ def package_date(environ=None) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
 
 
+# The recorded deployment's fields (ProvenanceRecord.deployment), what each must hold, and how
+# Provenance.deployment_value finds one.
+DEPLOYMENT_FIELDS = {"tp": "a positive integer", "ep": "true or false", "shared_experts_as_routed": "true or false"}
+RECORDED, ABSENT, UNREADABLE = "recorded", "absent", "unreadable"
+
+
 def _text(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
@@ -387,13 +394,33 @@ class Provenance:
     def deployment(self) -> dict | None:
         """{"tp": int >= 1, "ep": bool, "shared_experts_as_routed": bool} as recorded, or None
         (a package of an older version, or a field of the wrong types)."""
-        d = self.raw.get("deployment")
-        if not isinstance(d, dict):
+        fields = {key: self.deployment_value(key) for key in DEPLOYMENT_FIELDS}
+        if any(state != RECORDED for state, _ in fields.values()):
             return None
-        tp, flags = d.get("tp"), (d.get("ep"), d.get("shared_experts_as_routed"))
-        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1 or not all(isinstance(f, bool) for f in flags):
-            return None
-        return {"tp": tp, "ep": flags[0], "shared_experts_as_routed": flags[1]}
+        return {key: value for key, (_, value) in fields.items()}
+
+    def deployment_value(self, key: str) -> tuple[str, object]:
+        """One field of the recorded deployment: (RECORDED, value); (ABSENT, None) in a package
+        written before deployments were recorded; (UNREADABLE, what the file holds) otherwise."""
+        if "deployment" not in self.raw:
+            return ABSENT, None
+        d = self.raw["deployment"]
+        value = d.get(key) if isinstance(d, dict) else d
+        valid = type(value) is int and value >= 1 if key == "tp" else isinstance(value, bool)  # True is no tp
+        if valid:
+            return RECORDED, value
+        return UNREADABLE, value
+
+    def deployment_problems(self) -> list[str]:
+        """Each field of the recorded deployment that does not hold a value of its type."""
+        if "deployment" in self.raw and not isinstance(self.raw["deployment"], dict):
+            return [f"deployment is {shown(self.raw['deployment'])}, expected an object"]
+        return [
+            f"deployment.{key} is {shown(value)}, expected {what}"
+            for key, what in DEPLOYMENT_FIELDS.items()
+            for state, value in [self.deployment_value(key)]
+            if state == UNREADABLE
+        ]
 
     @property
     def overrides(self) -> list[str]:

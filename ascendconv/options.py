@@ -137,8 +137,10 @@ def check_top(top: int) -> None:
 
 @dataclass
 class VerifyOptions:
-    tp: int = 1
-    ep: bool = False  # expert parallelism: routed experts are not split over the tp ranks
+    # the deployment checked; None: as recorded at conversion, else Deployment's default (verify
+    # returns the options it used, with the values it chose)
+    tp: int | None = None
+    ep: bool | None = None  # expert parallelism: routed experts are not split over the tp ranks
     checksums: bool = True
     source: str | os.PathLike | None = None
     min_sqnr_mxfp8: float = DEFAULT_MIN_SQNR_MXFP8
@@ -157,7 +159,7 @@ class VerifyOptions:
     seed: int = 0
 
     def validate(self) -> None:
-        if self.tp < 1:
+        if self.tp is not None and self.tp < 1:
             raise BadOptionError(f"--tp {self.tp}: the tensor-parallel size must be at least 1")
         if self.exact not in ("off", "sample", "full"):
             raise BadOptionError(f"exact={self.exact!r}: choose off, sample or full")

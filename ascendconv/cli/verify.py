@@ -79,12 +79,11 @@ def verify_command(
     run(lambda: check_top(top), as_json, "verify")
     renderer = run(lambda: check_report_path(report_file, package), as_json, "verify") if report_file is not None else None
     run(lambda: check_step_summary(step_summary), as_json, "verify")
-    recorded = recorded_deployment(package) if tp is None or ep is None else None
 
     def action():
         options = VerifyOptions(
-            tp=tp if tp is not None else (recorded or {}).get("tp", DEFAULTS.tp),
-            ep=ep if ep is not None else (recorded or {}).get("ep", DEFAULTS.ep),
+            tp=tp,
+            ep=ep,
             checksums=checksums,
             source=resolve_source(source) if source is not None else None,
             exact="full" if exact_full else ("sample" if exact else "off"),
@@ -114,19 +113,7 @@ def verify_command(
     if as_json:
         print_json(report, "verify")
     else:
-        render_verify(report, out, top, quiet, deployment_recorded=recorded is not None)
+        render_verify(report, out, top, quiet)
     if not report.ok:
         raise typer.Exit(1)
 
-
-def recorded_deployment(package: Path) -> dict | None:
-    """The --tp / --ep the package was converted for, from its provenance; None when it records none
-    (an older package, or no readable provenance: verify's own checks say what is wrong)."""
-    from ascendconv.ascendv1 import PROVENANCE_NAME, Provenance
-    from ascendconv.errors import AscendconvError, PackageError
-    from ascendconv.io.files import read_json_object
-
-    try:
-        return Provenance(read_json_object(package / PROVENANCE_NAME, PackageError)).deployment
-    except (AscendconvError, OSError):
-        return None

@@ -29,11 +29,14 @@ package reader), and one module per family of checks: `structure`, `integrity`, 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
 from pathlib import Path
 
+from ascendconv.ascendv1 import RECORDED, UNREADABLE, Provenance
+from ascendconv.decide import Deployment
 from ascendconv.errors import InputError
 from ascendconv.io.hfcache import local_directory
 from ascendconv.io.package import Package, refuse_package_as_source, refuse_part_directory
@@ -48,7 +51,7 @@ from ascendconv.verify.integrity import (
 )
 from ascendconv.verify.layout import _Layout
 from ascendconv.options import Notice, VerifyProgress as Progress, VerifyOptions
-from ascendconv.verify.report import Check, MoeReport, NpuReport, TensorReport, VerifyReport
+from ascendconv.verify.report import DEFAULT, GIVEN, Check, MoeReport, NpuReport, TensorReport, VerifyReport
 from ascendconv.verify.structure import (
     check_alignment,
     check_config,
@@ -62,6 +65,7 @@ from ascendconv.verify.structure import (
     check_pairs,
     check_shapes,
     check_tp,
+    check_unknown_tp,
 )
 
 __all__ = [
@@ -95,6 +99,22 @@ def verify(
         return _verify(package, options, progress, notice)
 
 
+def _deployment(options: VerifyOptions, record: Provenance) -> tuple[VerifyOptions, dict]:
+    """The options with the --tp / --ep checked filled in: each as given, else as recorded at
+    conversion, else Deployment's default; and where each came from (VerifyReport.deployment)."""
+    chosen, origins = {}, {}
+    for key in ("tp", "ep"):
+        given = getattr(options, key)
+        state, value = record.deployment_value(key)
+        if given is not None:
+            chosen[key], origins[key] = given, GIVEN
+        elif state == RECORDED:
+            chosen[key], origins[key] = value, RECORDED
+        else:
+            chosen[key], origins[key] = getattr(Deployment, key), UNREADABLE if state == UNREADABLE else DEFAULT
+    return dataclasses.replace(options, **chosen), {**chosen, "from": origins, "recorded": record.deployment}
+
+
 def _verify(
     package: str | os.PathLike,
     options: VerifyOptions | None,
@@ -107,6 +127,7 @@ def _verify(
     root = local_directory(package, "verify")
     refuse_part_directory(root, "a package")
     pkg = Package.open(root)
+    options, deployment = _deployment(options, pkg.record)
     source = None
     if options.source is not None:
         from ascendconv.sources import open_source
@@ -144,6 +165,8 @@ def _verify(
         checks.append(check_payload(findings))
         if options.tp > 1:
             checks.append(check_tp(lay, options.tp, options.ep))
+        elif deployment["from"]["tp"] == UNREADABLE:  # the recorded --tp is unknown: not checked, never passed
+            checks.append(check_unknown_tp(pkg.record.deployment_value("tp")[1]))
         checks.append(check_provenance(lay))
         if options.checksums:
             checks.append(check_checksums(lay, findings))
@@ -172,7 +195,8 @@ def _verify(
             check, npu_reports = _run_npu(lay, options, progress)
             checks.append(check)
         return VerifyReport(
-            pkg.root, checks, tensors, moe, npu_reports, pkg.provenance, options, time.perf_counter() - started
+            pkg.root, checks, tensors, moe, npu_reports, pkg.provenance, options, time.perf_counter() - started,
+            deployment,
         )
     finally:
         if source is not None:

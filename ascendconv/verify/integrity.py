@@ -199,6 +199,7 @@ def check_provenance(lay: _Layout) -> Check:
     carried = prov.get("source_nonfinite", {})
     if not isinstance(carried, dict) or len(lay.pkg.record.source_nonfinite) != len(carried):
         problems.append(f"{PROVENANCE_NAME}: source_nonfinite is {shown(carried)}, expected tensor names -> counts")
+    problems += [f"{PROVENANCE_NAME}: {problem}" for problem in lay.pkg.record.deployment_problems()]
     if not isinstance(prov.get("fallbacks", []), list):
         problems.append(f"{PROVENANCE_NAME}: fallbacks is {shown(prov['fallbacks'])}, expected a list")
     source = prov.get("source")

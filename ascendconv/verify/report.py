@@ -9,6 +9,10 @@ from pathlib import Path
 from ascendconv.ascendv1 import Provenance
 from ascendconv.options import VerifyOptions
 
+# Where a checked --tp / --ep came from, besides ascendv1.RECORDED and UNREADABLE (recorded in a
+# form verify cannot read): the caller's options, or Deployment's default (none recorded).
+GIVEN, DEFAULT = "given", "default"
+
 
 def _finite(x: float | None) -> float | None:
     """JSON has no inf / nan: those become null (an SQNR of null means exact)."""
@@ -108,6 +112,9 @@ class VerifyReport:
     provenance: dict | None
     options: VerifyOptions
     seconds: float
+    # the --tp / --ep checked: {"tp", "ep", "from": {"tp", "ep"} (GIVEN, "recorded", DEFAULT or
+    # "unreadable"), "recorded": Provenance.deployment}
+    deployment: dict | None = None
 
     @property
     def ok(self) -> bool:
@@ -148,5 +155,6 @@ class VerifyReport:
             "npu": [n.to_dict() for n in self.npu],
             "provenance": Provenance(self.provenance).details() if self.provenance else None,
             "options": options,
+            "deployment": None if self.deployment is None else {**self.deployment, "from": dict(self.deployment["from"])},
             "seconds": round(self.seconds, 3),
         }

@@ -8,6 +8,7 @@ from collections import Counter
 from ascendconv.ascendv1 import (
     DESCRIPTION_NAME,
     INDEX_NAME,
+    PROVENANCE_NAME,
     MX_TYPES,
     QUANT_TYPES,
     RANK,
@@ -332,6 +333,18 @@ def check_tp(lay: _Layout, tp: int, ep: bool = False) -> Check:
         if problem:
             problems.append(problem)
     return make_check("tp", problems, f"{checked} split linears align under --tp {tp}")
+
+
+def check_unknown_tp(recorded: object) -> Check:
+    """No --tp given and the one recorded at conversion unreadable: the splits were not checked."""
+    return make_check(
+        "tp",
+        [
+            f"{PROVENANCE_NAME}: deployment.tp is {shown(recorded)}, not a positive integer: the --tp the package "
+            "was converted for is unknown, so its splits were not checked (pass --tp T)"
+        ],
+        "",
+    )
 
 
 # --- the data scan: scales, payload, checksums in one pass per shard -----------------------------

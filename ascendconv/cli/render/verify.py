@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ascendconv.ascendv1 import Provenance
-from ascendconv.cli.render.tables import elide_name, print_table, section
+from ascendconv.cli.render.tables import deployment_flags, elide_name, print_table, section
 
 BLOCKS = "▁▂▃▄▅▆▇█"
 STRIP_LOW_DB, STRIP_HIGH_DB = 10.0, 40.0  # the HTML report's colour scale
@@ -22,16 +22,15 @@ def _yes(ok: bool) -> str:
     return "yes" if ok else "NO"
 
 
-def render_verify(report, out: Console, top: int = 10, quiet: bool = False, deployment_recorded: bool = False) -> None:
+def render_verify(report, out: Console, top: int = 10, quiet: bool = False) -> None:
     """Print a VerifyReport: the checks, the problems of failed ones, the worst tensors, MoE and NPU."""
     prov = report.provenance
     if not quiet:
         origin = Provenance(prov).origin() if prov else "no provenance"
         out.print(f"[bold]verify[/] {escape(str(report.package))}  [dim]({escape(origin)})[/]", highlight=False)
-        if deployment_recorded:
-            options = report.options
-            out.print(f"[dim]checked for --tp {options.tp}{' --ep' if options.ep else ''}, as recorded at conversion[/]",
-                      highlight=False)
+        line = deployment_line(report.deployment)
+        if line:
+            out.print(f"[dim]{escape(line)}[/]", highlight=False)
         rows = [[c.name, "FAIL" if not c.ok else ("skip" if c.skipped else "pass"), c.detail] for c in report.checks]
         print_table(out, ["check", "result", "detail"], rows, elide=None, wrap=2)
     for check in report.failed:
@@ -74,6 +73,30 @@ def render_verify(report, out: Console, top: int = 10, quiet: bool = False, depl
     else:
         names = ", ".join(c.name for c in report.failed)
         out.print(f"[bold red]FAILED[/]: {len(report.failed)} check(s) failed: {names}", highlight=False)
+
+
+ORIGINS = {
+    "given": "given on the command line",
+    "recorded": "as recorded at conversion",
+    "unreadable": "the recorded value is unreadable, see provenance",
+    "default": "the default",
+}
+
+
+def deployment_line(deployment: dict | None) -> str | None:
+    """Which --tp / --ep the package was checked for and where each came from; None when neither
+    was recorded at conversion (the options speak for themselves)."""
+    if deployment is None:
+        return None
+    origins = set(deployment["from"].values())
+    if origins <= {"given", "default"} and deployment["recorded"] is None:
+        return None
+    flags = {"tp": f"--tp {deployment['tp']}", "ep": "--ep" if deployment["ep"] else "--no-ep"}
+    if origins == {"recorded"}:
+        return f"checked for --tp {deployment['tp']}{' --ep' if deployment['ep'] else ''}, as recorded at conversion"
+    line = "checked for " + ", ".join(f"{flags[key]} ({ORIGINS[origin]})" for key, origin in deployment["from"].items())
+    recorded = deployment["recorded"]
+    return line + (f"; converted for {deployment_flags(recorded)}" if recorded else "")
 
 
 def layer_strip(data: dict, out: Console) -> None:
