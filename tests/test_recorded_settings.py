@@ -11,10 +11,12 @@ from typer.testing import CliRunner
 
 from ascendconv.cli import app
 from ascendconv.decide import Deployment
+from ascendconv.inspect import inspect_path
 from ascendconv.verify import VerifyOptions, verify
+from conftest import FIXTURES
 
 runner = CliRunner()
-DENSE = "qwen3-dense-fp8"
+DENSE, MOE, DEEPSEEK = "qwen3-dense-fp8", "qwen3-moe-fp8", "deepseek-v3-fp8"
 PROVENANCE = "ascendconv_provenance.json"
 
 
@@ -66,4 +68,56 @@ def test_a_recorded_ep_that_is_no_bool_fails_provenance(tp2_package):
     assert report.check("provenance").problems == [f"{PROVENANCE}: deployment.ep is 'yes', expected true or false"]
     assert stdout_lines(tp2_package)[1] == (
         "checked for --tp 2 (as recorded at conversion), --no-ep (the recorded value is unreadable, see provenance)"
+    )
+
+
+def relabelled(converted, tmp_path, fixture: str, scheme: str, recorded: str):
+    """A package converted with `scheme` whose provenance says `recorded`."""
+    target = tmp_path / "relabelled"
+    shutil.copytree(converted(fixture, scheme), target)
+    prov = json.loads((target / PROVENANCE).read_text())
+    prov["scheme"] = recorded
+    (target / PROVENANCE).write_text(json.dumps(prov))
+    return target
+
+
+@pytest.mark.parametrize("source", [False, True])
+def test_a_w8a8_package_recorded_as_w4a8_mxfp_fails_provenance(converted, tmp_path, source):
+    pkg = relabelled(converted, tmp_path, MOE, "w8a8-mxfp8", "w4a8-mxfp")
+    report = verify(pkg, VerifyOptions(source=FIXTURES / MOE if source else None))
+    assert [c.name for c in report.failed] == ["provenance"]
+    problem = (
+        f"{PROVENANCE}: scheme w4a8-mxfp writes W4A8_MXFP linears and W4A8_MXFP routed experts, but 62 described "
+        "tensor(s) are W8A8_MXFP8 (e.g. 'model.layers.0.mlp.experts.0.down_proj.weight'), which no recorded fallback "
+        "or override writes: the package was not converted with the scheme recorded"
+    )
+    assert report.check("provenance").problems == [problem]
+    assert problem in inspect_path(pkg).problems  # inspect says so too, instead of "0 fallbacks" alone
+
+
+def test_a_w4a8_moe_deepseek_package_recorded_as_w8a8_fails_provenance_with_moe_check(converted, tmp_path):
+    pkg = relabelled(converted, tmp_path, DEEPSEEK, "w4a8-mxfp-moe", "w8a8-mxfp8")
+    report = verify(pkg, VerifyOptions(source=FIXTURES / DEEPSEEK, moe_check=True))
+    assert [c.name for c in report.failed] == ["provenance"]
+    assert "24 described tensor(s) are W4A8_MXFP" in report.check("provenance").detail
+
+
+def test_a_relabel_only_the_source_can_tell_is_caught_by_the_recomputed_plan(converted, tmp_path):
+    """w4a8-mxfp-moe writes W8A8_MXFP8 too, so the description's types alone do not refute it;
+    its plan on the source does (routed experts W4A8_MXFP)."""
+    pkg = relabelled(converted, tmp_path, MOE, "w8a8-mxfp8", "w4a8-mxfp-moe")
+    assert verify(pkg).ok
+    report = verify(pkg, VerifyOptions(source=FIXTURES / MOE))
+    assert [c.name for c in report.failed] == ["provenance"]
+    assert report.check("provenance").problems == [
+        f"{PROVENANCE}: scheme w4a8-mxfp-moe (with the recorded overrides and deployment) plans 24 module(s) of this "
+        "source as W4A8_MXFP that the description holds as W8A8_MXFP8 (e.g. 'model.layers.0.mlp.experts.0.down_proj'): "
+        "the package was not converted with the scheme recorded"
+    ]
+
+
+def test_an_unknown_recorded_scheme_fails_provenance(converted, tmp_path):
+    pkg = relabelled(converted, tmp_path, DENSE, "w8a8-mxfp8", "w8a8-mxfp9")
+    assert verify(pkg).check("provenance").detail.startswith(
+        f"{PROVENANCE}: scheme is 'w8a8-mxfp9', not one convert writes (w8a8-mxfp8, w4a8-mxfp,"
     )

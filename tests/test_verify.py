@@ -332,7 +332,8 @@ def test_leftover_quantization_config(package):
 
 def transplant(pkg: Path, donor: Path, prefixes: list[str]) -> None:
     """Replace modules of `pkg` with the same modules of `donor` (another scheme), labels included,
-    keeping everything else consistent: a package whose only fault is a mixed group."""
+    keeping everything else consistent (the provenance records the --override that asks for their
+    type): a package whose only fault is a mixed group."""
     donor_tensors = load_shard(donor / SHARD)
     donor_desc = read_json(donor / DESCRIPTION)
     desc = read_json(pkg / DESCRIPTION)
@@ -346,6 +347,9 @@ def transplant(pkg: Path, donor: Path, prefixes: list[str]) -> None:
     edit_shard(pkg, swap)
     desc["model_quant_type"] = "W4A8_MXFP"
     write_json(pkg / DESCRIPTION, desc)
+    prov = read_json(pkg / PROVENANCE)
+    prov["overrides"] = [f"{prefix}={desc[prefix + '.weight']}" for prefix in prefixes]
+    write_json(pkg / PROVENANCE, prov)
     reseal(pkg)
 
 

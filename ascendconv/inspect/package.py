@@ -33,6 +33,7 @@ def inspect_package(root: Path, glob: str | None) -> InspectReport:
     if highest is not None and declared != highest:
         problems.append(f"model_quant_type is {shown(declared)} but the highest type described is {shown(highest)}")
     problems += package.unknown_types()
+    problems += package.scheme_problems()
     group_size = package.fields.get("group_size", GROUP_SIZE)
     if type(group_size) is not int or group_size != GROUP_SIZE:  # 32.0 == 32, but breaks vllm-ascend's shapes
         problems.append(f"group_size is {shown(package.fields.get('group_size'))}, expected {GROUP_SIZE}")

@@ -13,13 +13,16 @@ from pathlib import Path
 
 from ascendconv.errors import HeaderError, NotFoundError, PackageAsSourceError, PackageError, PartDirectoryError, shown
 from ascendconv.io.files import file_size, read_json_object
+from ascendconv.formats.constants import FLOAT
 from ascendconv.io.safetensors import SafetensorsHeader, TensorEntry, read_header
+from ascendconv.sources.base import NATIVE_TYPES
 from ascendconv.ascendv1 import (
     DESCRIPTION_NAME,
     INDEX_NAME,
     PART_MANIFEST_NAME,
     PROVENANCE_NAME,
     QUANT_TYPES,
+    SCHEME_TABLE,
     SINGLE_SHARD_NAME,
     Provenance,
     quant_type_named,
@@ -144,6 +147,34 @@ class Package:
             f"{shown(name)} has type {shown(label)}; known types: {', '.join(QUANT_TYPES)}"
             for name, label in sorted(self.description.items())
             if quant_type_named(label) is None
+        ]
+
+    def scheme_problems(self) -> list[str]:
+        """Where the provenance's scheme cannot have written the described types: an unknown scheme,
+        or a type that is neither one the scheme asks for, nor FLOAT (modules the model keeps so),
+        nor written by a recorded fallback or --override (with no fallbacks recorded, an older
+        package: any type down the chains of those it asks for)."""
+        record = self.record
+        scheme = record.scheme
+        if scheme is None:
+            return []  # no scheme recorded: the provenance check says so
+        row = SCHEME_TABLE.get(scheme)
+        if row is None:
+            return [f"{PROVENANCE_NAME}: scheme is {shown(scheme)}, not one convert writes ({', '.join(SCHEME_TABLE)})"]
+        asked = {row.linear, row.expert, *(NATIVE_TYPES.values() if row.native else ())}
+        asked |= {o.rpartition("=")[2] for o in record.overrides}
+        writable = {FLOAT, *asked} | {f.get("written") for f in record.fallbacks or [] if isinstance(f, dict)}
+        if "fallbacks" not in (self.provenance or {}):
+            writable |= {t for name in asked if name in QUANT_TYPES for t in QUANT_TYPES[name].chain()}
+        strays: dict[str, list[str]] = {}
+        for name, label in sorted(self.description.items()):
+            if quant_type_named(label) is not None and label not in writable:
+                strays.setdefault(label, []).append(name)
+        return [
+            f"{PROVENANCE_NAME}: scheme {scheme} writes {row.linear} linears and {row.expert} routed experts, but "
+            f"{len(names)} described tensor(s) are {label} (e.g. {shown(names[0])}), which no recorded fallback or "
+            "override writes: the package was not converted with the scheme recorded"
+            for label, names in strays.items()
         ]
 
     def disagreements(self) -> list[str]:

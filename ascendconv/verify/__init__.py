@@ -167,7 +167,7 @@ def _verify(
             checks.append(check_tp(lay, options.tp, options.ep))
         elif deployment["from"]["tp"] == UNREADABLE:  # the recorded --tp is unknown: not checked, never passed
             checks.append(check_unknown_tp(pkg.record.deployment_value("tp")[1]))
-        checks.append(check_provenance(lay))
+        checks.append(check_provenance(lay, source))
         if options.checksums:
             checks.append(check_checksums(lay, findings))
             checks.append(check_copies(lay, source))

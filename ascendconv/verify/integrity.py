@@ -5,13 +5,14 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ascendconv.ascendv1 import PROVENANCE_NAME
+from ascendconv.ascendv1 import PROVENANCE_NAME, QUANT_TYPES
 from ascendconv.errors import HeaderError, shown
 from ascendconv.formats.constants import E8M0_NAN, RESOLVE_DTYPES, SCALE_RULES
 from ascendconv.io.checksum import ALGORITHMS, file_digest, recorded_checksum
 from ascendconv.io.files import file_size
 from ascendconv.io.safetensors import TensorEntry, TensorReader, itemsize, nonfinite_count
 from ascendconv.sources import FORMAT_NAMES
+from ascendconv.sources.base import WEIGHT_SUFFIX
 from ascendconv.verify.checks import make_check, skip_check
 from ascendconv.verify.layout import FLOAT_DTYPES, _Layout, _row_chunks
 from ascendconv.options import VerifyProgress as Progress, VerifyOptions
@@ -169,7 +170,10 @@ def check_payload(findings: _ScanFindings) -> Check:
     return make_check("payload", problems, findings.detail(detail))
 
 
-def check_provenance(lay: _Layout) -> Check:
+def check_provenance(lay: _Layout, source=None) -> Check:
+    """The provenance file's fields, and whether its scheme can have written the package's types;
+    with `source` (an opened Source), whether the plan of the recorded options describes the
+    package's types."""
     prov = lay.pkg.provenance
     if prov is None:
         return skip_check("provenance", f"no {PROVENANCE_NAME} (not written by ascendconv convert)")
@@ -202,16 +206,52 @@ def check_provenance(lay: _Layout) -> Check:
     problems += [f"{PROVENANCE_NAME}: {problem}" for problem in lay.pkg.record.deployment_problems()]
     if not isinstance(prov.get("fallbacks", []), list):
         problems.append(f"{PROVENANCE_NAME}: fallbacks is {shown(prov['fallbacks'])}, expected a list")
-    source = prov.get("source")
-    if not isinstance(source, dict) or not isinstance(source.get("files"), list):
+    recorded_source = prov.get("source")
+    if not isinstance(recorded_source, dict) or not isinstance(recorded_source.get("files"), list):
         problems.append(f"{PROVENANCE_NAME}: the source files are not recorded")
-    elif not all(isinstance(f, dict) and isinstance(f.get("name"), str) for f in source["files"]):
+    elif not all(isinstance(f, dict) and isinstance(f.get("name"), str) for f in recorded_source["files"]):
         problems.append(f"{PROVENANCE_NAME}: a source file is recorded without its name")
-    if isinstance(source, dict) and lay.pkg.record.source_format not in FORMAT_NAMES:
+    if isinstance(recorded_source, dict) and lay.pkg.record.source_format not in FORMAT_NAMES:
         problems.append(
-            f"{PROVENANCE_NAME}: the source format is {shown(source.get('format'))}, expected one of {', '.join(FORMAT_NAMES)}"
+            f"{PROVENANCE_NAME}: the source format is {shown(recorded_source.get('format'))}, expected one of {', '.join(FORMAT_NAMES)}"
         )
+    scheme_problems = lay.pkg.scheme_problems()
+    problems += scheme_problems
+    if source is not None and not scheme_problems and lay.pkg.record.scheme is not None:
+        problems += _planned_type_problems(lay, source)
     return make_check("provenance", problems, lay.pkg.record.origin())
+
+
+def _planned_type_problems(lay: _Layout, source) -> list[str]:
+    """The plan of the recorded scheme, overrides and deployment, recomputed from the source (the
+    planner is pure), against the description: each (planned, described) pair of types that
+    differ, with a count and the first module."""
+    from ascendconv.decide import Deployment, Override
+    from ascendconv.errors import AscendconvError
+    from ascendconv.plan import Planner
+
+    record = lay.pkg.record
+    recorded = record.deployment or {}
+    try:
+        deployment = Deployment(
+            recorded.get("tp", 1), recorded.get("ep", False), recorded.get("shared_experts_as_routed", False),
+            mtp_heads=bool(record.raw.get("added_tensors")),
+        )
+        plan = Planner.for_source(source, deployment).plan(record.scheme, overrides=[Override.parse(o) for o in record.overrides])
+        decisions = plan.decisions
+    except AscendconvError as exc:
+        return [f"{PROVENANCE_NAME}: the plan of the recorded options cannot be made from this source: {exc.message}"]
+    differing: dict[tuple[str, str], list[str]] = {}
+    for prefix, decision in decisions.items():
+        label = lay.description.get(prefix + WEIGHT_SUFFIX)
+        if isinstance(label, str) and label in QUANT_TYPES and label != decision.written:
+            differing.setdefault((decision.written, label), []).append(prefix)
+    return [
+        f"{PROVENANCE_NAME}: scheme {record.scheme} (with the recorded overrides and deployment) plans {len(prefixes)} "
+        f"module(s) of this source as {planned} that the description holds as {label} (e.g. {shown(prefixes[0])}): "
+        "the package was not converted with the scheme recorded"
+        for (planned, label), prefixes in sorted(differing.items())
+    ]
 
 
 def check_checksums(lay: _Layout, findings: _ScanFindings) -> Check:
