@@ -111,7 +111,7 @@ def check_deployment(source: Source, plan: Plan) -> None:
     if deployment.tp == 1:
         return
     from ascendconv.verify.checks import CHECKS  # only here: a dry run imports nothing of verify
-    from ascendconv.verify.structure import kv_head_count, split_problem
+    from ascendconv.verify.structure import heads_problem, kv_head_count, split_problem
 
     kv_heads = kv_head_count(source.config)
     problems = []
@@ -125,6 +125,9 @@ def check_deployment(source: Source, plan: Plan) -> None:
     if problems:
         shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
         raise BadOptionError(f"--tp {deployment.tp}: the package could not be served: {shown}", CHECKS["tp"].hint)
+    heads = heads_problem(source.config, deployment.tp)
+    if heads:
+        raise BadOptionError(f"--tp {deployment.tp}: {heads}", "choose a --tp that divides the number of attention heads")
 
 
 def convert(

@@ -23,6 +23,7 @@ from ascendconv.sources import Source
 from ascendconv.families import DS_V4_MTP_HEAD_REASON, GLM_MTP_HEAD_REASON
 from ascendconv.models import INDEXER_WK_REASON, KV_B_REASON, MTP_REASON, rules_for
 from ascendconv.decide import SCHEMES, Deployment, Override
+from ascendconv.errors import BadOptionError
 from ascendconv.plan import Planner
 from ascendconv.verify import VerifyOptions, verify
 from conftest import FIXTURES, load_shard, save_shard
@@ -789,3 +790,25 @@ def test_kimi_k3_dry_run_json(kimi_k3_cut, args):
     assert len(experts) == K3_EXPERT_LINEARS and all(data["conversions"][t] == "relaid" for t in experts)
     assert {data["description"][t] for t in experts} == {"W4A8_MXFP"}
     assert {label for t, label in data["description"].items() if ".experts." not in t and t.endswith(".weight")} == {"FLOAT"}
+
+
+def test_a_tp_that_does_not_divide_the_attention_heads_is_refused_as_vllm_refuses_it(family_root, tmp_path):
+    # Qwen3.8-27B: 24 query heads; every linear's N splits over 16 ranks, but vLLM refuses the deployment
+    root = family_root("qwen3.8-27b")
+    with pytest.raises(BadOptionError) as refused:
+        convert(root, tmp_path / "out", ConvertOptions(deployment=Deployment(tp=16)), dry_run=True)
+    assert refused.value.message == (
+        "--tp 16: config.json: 24 attention heads do not divide over 16 ranks, and vLLM refuses such a deployment"
+    )
+    assert refused.value.hint == "choose a --tp that divides the number of attention heads"
+    assert convert(root, tmp_path / "out", ConvertOptions(deployment=Deployment(tp=8)), dry_run=True).plan.deployment.tp == 8
+
+
+def test_verify_names_a_tp_that_does_not_divide_the_attention_heads(tmp_path):
+    out = tmp_path / "dense"
+    convert(FIXTURES / "qwen3-dense-fp8", out, ConvertOptions())  # 2 attention heads
+    report = verify(out, VerifyOptions(tp=4, checksums=False))
+    assert report.check("tp").problems[0] == (
+        "config.json: 2 attention heads do not divide over 4 ranks, and vLLM refuses such a deployment"
+    )
+    assert not any("attention heads" in p for p in verify(out, VerifyOptions(tp=2, checksums=False)).check("tp").problems)
