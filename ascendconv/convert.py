@@ -24,6 +24,7 @@ from ascendconv.options import KERNELS, ConvertOptions
 from ascendconv.package_files import copied_file_digests, provenance_record, write_package_files, write_plan_files
 from ascendconv.parts import PART_MANIFEST_NAME, part_shards, write_part_manifest
 from ascendconv.pipeline import Kernel, Notice, Progress, write_shards
+from ascendconv.models import heads_problem
 from ascendconv.plan import Plan, Planner
 from ascendconv.resume import (
     LEDGER_NAME,
@@ -111,7 +112,7 @@ def check_deployment(source: Source, plan: Plan) -> None:
     if deployment.tp == 1:
         return
     from ascendconv.verify.checks import CHECKS  # only here: a dry run imports nothing of verify
-    from ascendconv.verify.structure import heads_problem, kv_head_count, split_problem
+    from ascendconv.verify.structure import kv_head_count, split_problem
 
     kv_heads = kv_head_count(source.config)
     problems = []

@@ -43,6 +43,16 @@ def config_value(config: dict, key: str):
     return text.get(key) if isinstance(text, dict) else None
 
 
+def heads_problem(config: dict, tp: int) -> str | None:
+    """Why vLLM refuses to run the model over `tp` ranks whatever its weights: its attention heads must
+    divide evenly among them (vLLM's parallel-config check: "Total number of attention heads must be
+    divisible by tensor parallel size"), or None."""
+    heads = config_value(config, "num_attention_heads")
+    if type(heads) is int and heads > 0 and heads % tp:
+        return f"config.json: {heads} attention heads do not divide over {tp} ranks, and vLLM refuses such a deployment"
+    return None
+
+
 def model_type_of(config: dict) -> str | None:
     value = config_value(config, "model_type")
     return value if isinstance(value, str) else None

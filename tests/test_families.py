@@ -812,3 +812,9 @@ def test_verify_names_a_tp_that_does_not_divide_the_attention_heads(tmp_path):
         "config.json: 2 attention heads do not divide over 4 ranks, and vLLM refuses such a deployment"
     )
     assert not any("attention heads" in p for p in verify(out, VerifyOptions(tp=2, checksums=False)).check("tp").problems)
+
+
+def test_inspect_warns_of_a_tp_that_does_not_divide_the_attention_heads(family_root):
+    report = inspect_path(family_root("qwen3.8-27b"), deployment=Deployment(tp=16))
+    assert report.warnings == ["config.json: 24 attention heads do not divide over 16 ranks, and vLLM refuses such a deployment"]
+    assert inspect_path(family_root("qwen3.8-27b"), deployment=Deployment(tp=8)).warnings == []

@@ -23,7 +23,7 @@ from ascendconv.inspect.summary import (
 from ascendconv.sources import Encoding, Source, open_source
 from ascendconv.sources.base import WEIGHT_SUFFIX
 from ascendconv.sources.checkpoint import INDEX_NAME as SOURCE_INDEX_NAME
-from ascendconv.models import ModelRules, rules_for
+from ascendconv.models import ModelRules, heads_problem, rules_for
 from ascendconv.decide import SCHEMES, Deployment, module_pattern
 from ascendconv.plan import Plan, Planner
 
@@ -85,7 +85,7 @@ def inspect_source(root: Path, glob: str | None, deployment: Deployment) -> Insp
             **structure.fields(),
             family=rules.family.label,
             deployment=deployment.to_dict(),
-            warnings=[rules.warning] if rules.warning else [],
+            warnings=[w for w in (rules.warning, heads_problem(source.config, deployment.tp)) if w],
             fp8_linears=len(source.linears),
             groups=_groups(
                 modules,

@@ -27,7 +27,7 @@ from ascendconv.decide import (
     packed_group,
     rank_k,
 )
-from ascendconv.models import ModelRules
+from ascendconv.models import ModelRules, heads_problem
 from ascendconv.verify.checks import make_check, skip_check
 from ascendconv.verify.layout import _Layout
 from ascendconv.verify.report import Check
@@ -315,29 +315,14 @@ def split_problem(
 
 
 def kv_head_count(config: dict | None):
-    return _text_config_value(config, "num_key_value_heads")
-
-
-def _text_config_value(config: dict | None, key: str):
-    """`key` of config.json, or of its text_config (vision-language wrappers keep the text model's there)."""
     config = config or {}
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
-    return config.get(key, text.get(key))
-
-
-def heads_problem(config: dict | None, tp: int) -> str | None:
-    """Why vLLM refuses to run the model over `tp` ranks whatever its weights: its attention heads must
-    divide evenly among them (vLLM's parallel-config check: "Total number of attention heads must be
-    divisible by tensor parallel size"), or None."""
-    heads = _text_config_value(config, "num_attention_heads")
-    if type(heads) is int and heads > 0 and heads % tp:
-        return f"config.json: {heads} attention heads do not divide over {tp} ranks, and vLLM refuses such a deployment"
-    return None
+    return config.get("num_key_value_heads", text.get("num_key_value_heads"))
 
 
 def check_tp(lay: _Layout, tp: int, ep: bool = False) -> Check:
     kv_heads = kv_head_count(lay.pkg.config)
-    problems = [p for p in [heads_problem(lay.pkg.config, tp)] if p]
+    problems = [p for p in [heads_problem(lay.pkg.config or {}, tp)] if p]
     checked = 0
     for prefix, module in sorted(lay.modules.items()):
         if lay.rules.tp_role(prefix) in (None, "replicated") or module.n is None:
