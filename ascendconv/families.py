@@ -119,17 +119,31 @@ DS_V4_MTP_HEAD_REASON = (
     "the MTP drafter's head (vllm-ascend's DeepSeek-V4 drafter looks up mtp.0.head; the release has none): "
     "a FLOAT copy of head"
 )
+# With tie_word_embeddings the output head is the input embedding (the release stores no lm_head /
+# head.weight), so the drafter's head is a copy of the embedding.
+GLM_MTP_TIED_HEAD_REASON = (
+    "the MTP drafter's shared_head.head (vLLM's DeepSeek MTP model builds it; the GLM-5 release has none): "
+    "a FLOAT copy of embed_tokens, the output head of a model with tied embeddings"
+)
+DS_V4_MTP_TIED_HEAD_REASON = (
+    "the MTP drafter's head (vllm-ascend's DeepSeek-V4 drafter looks up mtp.0.head; the release has none): "
+    "a FLOAT copy of embed, the output head of a model with tied embeddings"
+)
 
 
 @dataclass(frozen=True)
 class HeadCopy:
     """A FLOAT tensor the package adds: a byte copy of the source tensor `source`, named `target`.
     `{n}` in `target` stands for each MTP layer's number (DeepSeek / GLM number them after the
-    decoder layers). Added only where the source has `source` and lacks `target`."""
+    decoder layers). Added only where the source has `source` and lacks `target`; where config.json
+    sets tie_word_embeddings, a source without `source` has `tied_source` (the input embedding) copied
+    instead, for `tied_reason`."""
 
     target: str
     source: str
     reason: str
+    tied_source: str | None = None
+    tied_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -148,6 +162,10 @@ class Family:
     # MTP layers: under this top-level prefix ("mtp."), else (DeepSeek, GLM) the config's
     # num_nextn_predict_layers layers numbered from num_hidden_layers under each root
     mtp_prefix: str | None = None
+    # the tensors only an MTP layer numbered after the decoder holds (DeepSeek / GLM: the embedding /
+    # hidden-state projection eh_proj and its norm enorm): a layer from num_hidden_layers on that holds
+    # one is an MTP layer even where num_nextn_predict_layers does not count it
+    mtp_markers: tuple[str, ...] = ("eh_proj", "enorm")
     mtp_heads: tuple[HeadCopy, ...] = ()
     indexer: str | None = None  # the attention indexer's module name (V3.2 / GLM-5 / V4: "indexer")
     mla: bool = False  # MLA attention (the fused MLA prolog note in inspect)
@@ -181,7 +199,15 @@ QWEN3_5_NOTES = (
     "the MTP drafter shares the target's lm_head (vllm-ascend aliases the drafter's lm_head to "
     "language_model.lm_head): nothing to add",
 )
-GLM_MTP_HEADS = (HeadCopy("model.layers.{n}.shared_head.head.weight", "lm_head.weight", GLM_MTP_HEAD_REASON),)
+GLM_MTP_HEADS = (
+    HeadCopy(
+        "model.layers.{n}.shared_head.head.weight", "lm_head.weight", GLM_MTP_HEAD_REASON,
+        "model.embed_tokens.weight", GLM_MTP_TIED_HEAD_REASON,
+    ),
+)  # fmt: skip
+DS_V4_MTP_HEADS = (
+    HeadCopy("mtp.0.head.weight", "head.weight", DS_V4_MTP_HEAD_REASON, "embed.weight", DS_V4_MTP_TIED_HEAD_REASON),
+)
 
 FAMILIES: tuple[Family, ...] = (
     # DeepSeek-V3 / R1 / V3.1: MLA, routed + shared experts, MTP layer(s) after the decoder layers.
@@ -336,7 +362,7 @@ FAMILIES: tuple[Family, ...] = (
         shared_expert_names=("shared_experts",),
         tp=DS_V4_TP,
         mtp_prefix="mtp.",
-        mtp_heads=(HeadCopy("mtp.0.head.weight", "head.weight", DS_V4_MTP_HEAD_REASON),),
+        mtp_heads=DS_V4_MTP_HEADS,
         indexer="indexer",
         runtime_notes=(
             "weights and description keep DeepSeek-native names; the description's hc_head_fn entry turns on "

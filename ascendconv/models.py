@@ -3,17 +3,19 @@
 families.py holds what ascendconv knows about each model family (roots, expert spellings, packed
 groups, tensor-parallel roles, MTP layout, modules kept FLOAT and why, tensors the runtime needs and
 the release lacks); `rules_for(config)` picks the entry by `model_type` and adds what the config says
-(layer count, MTP layers). A `model_type` not listed gets the generic rules (every family's naming
+(layer count, MTP layers, tied embeddings), and the tensor names what config.json leaves out (MTP
+layers it does not count). A `model_type` not listed gets the generic rules (every family's naming
 at once, any `experts.N.<proj>` is a routed expert) and a warning.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
-from ascendconv.errors import shown
+from ascendconv.errors import ConfigError, shown
 from ascendconv.families import (
     FAMILIES,
     GATE_UP_DOWN,
@@ -23,15 +25,17 @@ from ascendconv.families import (
     MTP_REASON,
     VISION_REASON,
     Family,
+    HeadCopy,
 )
 
 __all__ = [
     "FAMILIES", "GATE_UP_DOWN", "GENERIC", "INDEXER_WK_REASON", "KV_B_REASON", "MTP_REASON", "VISION_REASON",
-    "AddedTensor", "Family", "ModelRules", "config_value", "expert_count", "model_type_of", "rules_for",
+    "AddedTensor", "Family", "LackingHead", "ModelRules", "config_value", "expert_count", "model_type_of", "rules_for",
 ]  # fmt: skip
 
 ROUTED_MEMO_LIMIT = 2**20  # names remembered by routed_expert: past any checkpoint, bounded for a long-lived caller
 EXPERT_COUNT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts")
+MAX_LAYER_DIGITS = 9  # layer numbers beyond any model: int() of a huge digit string is never tried
 _BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
 
 
@@ -87,15 +91,29 @@ class AddedTensor:
 
 
 @dataclass(frozen=True)
+class LackingHead:
+    """A tensor the MTP drafter looks up that the source lacks and holds nothing to copy it from:
+    none of `sources`; `untied_embedding`: the embedding it holds, not taken as the head because
+    config.json does not set tie_word_embeddings."""
+
+    name: str
+    sources: tuple[str, ...]
+    untied_embedding: str | None = None
+
+
+@dataclass(frozen=True)
 class ModelRules:
     """The rules for one checkpoint: its family's knowledge plus what its config says."""
 
     model_type: str | None
     family: Family
     num_hidden_layers: int | None
-    mtp_layer_count: int  # DeepSeek's num_nextn_predict_layers (0 if absent)
+    mtp_layer_count: int | None  # DeepSeek's num_nextn_predict_layers (None if absent)
     # config.json's model_type where it is there but not a string: its value and type, as shown
     odd_model_type: str | None = None
+    # layers from num_hidden_layers on holding the family's mtp_markers that mtp_layer_count leaves out
+    undeclared_mtp_layers: tuple[int, ...] = ()
+    tied_embeddings: bool = False  # tie_word_embeddings: the output head is the input embedding
 
     @property
     def known(self) -> bool:
@@ -117,6 +135,27 @@ class ModelRules:
             "kv_b_proj and indexer.wk stay FLOAT); check the plan before deploying"
         )
 
+    @property
+    def undeclared_mtp_warning(self) -> str | None:
+        """What to fix in config.json when the checkpoint holds MTP layers it does not count."""
+        if not self.undeclared_mtp_layers:
+            return None
+        count = self.mtp_layer_count
+        numbers = self.undeclared_mtp_layers
+        layers = f"layer {numbers[0]} holds" if len(numbers) == 1 else f"layers {', '.join(map(str, numbers))} hold"
+        if self.num_hidden_layers is None:  # num_nextn_predict_layers counts from a layer the config lacks
+            unstated = "config.json has no num_hidden_layers to number them from"
+            fixes = [f'"num_hidden_layers": {numbers[0]}']
+            fixes += [f'"num_nextn_predict_layers": {len(numbers)}'] if count != len(numbers) else []
+        else:
+            unstated = f"config.json does not declare them (num_nextn_predict_layers {'absent' if count is None else count})"
+            fixes = [f'"num_nextn_predict_layers": {(count or 0) + len(numbers)}']
+        return (
+            f"{layers} MTP tensors ({' / '.join(self.family.mtp_markers)}) and {unstated}: planned as MTP layers, FLOAT; "
+            "vLLM finds MTP layers by num_hidden_layers and num_nextn_predict_layers, "
+            f"so set {' and '.join(fixes)} in the package's config.json"
+        )
+
     @cached_property
     def _expert_projections(self) -> frozenset[str]:
         return frozenset(p for names in self.family.expert_projections for p in names)
@@ -131,14 +170,18 @@ class ModelRules:
         return {member: fused for members, fused in self.family.packed for member in members}
 
     @cached_property
+    def mtp_layer_numbers(self) -> tuple[int, ...]:
+        """The MTP layers numbered after the decoder: num_hidden_layers onwards, as many as
+        num_nextn_predict_layers, and those the config leaves out (undeclared_mtp_layers)."""
+        first = self.num_hidden_layers
+        declared = range(first, first + (self.mtp_layer_count or 0)) if first is not None else ()
+        return (*declared, *self.undeclared_mtp_layers)
+
+    @cached_property
     def _mtp_layers(self) -> dict[str, str]:
         """Prefix ('model.layers.61.') -> label ('model.layers.61') of each MTP layer numbered after
-        the decoder: num_hidden_layers onwards, as many as num_nextn_predict_layers, under each root."""
-        if self.num_hidden_layers is None:
-            return {}
-        first = self.num_hidden_layers
-        numbers = range(first, first + self.mtp_layer_count)
-        return {f"{root}layers.{i}.": f"{root}layers.{i}" for root in self.family.roots for i in numbers}
+        the decoder, under each root."""
+        return {f"{root}layers.{i}.": f"{root}layers.{i}" for root in self.family.roots for i in self.mtp_layer_numbers}
 
     @cached_property
     def _mtp_match(self) -> re.Pattern | None:
@@ -243,32 +286,95 @@ class ModelRules:
         return None
 
     def mtp_heads(self, names) -> list[AddedTensor]:
-        """The tensors the package adds for the MTP drafter (families.HeadCopy): each whose source
-        tensor is among `names`, whose own name is not, and whose MTP layer the source holds."""
+        """The tensors the package adds for the MTP drafter (families.HeadCopy): each whose own name
+        is not among `names`, whose MTP layer the source holds, and whose source tensor (with tied
+        embeddings: or the embedding) is among `names`."""
+        added = []
+        for head, target in self._drafter_tensors_lacking(names):
+            if head.source in names:
+                added.append(AddedTensor(target, head.source, head.reason))
+            elif self.tied_embeddings and head.tied_source in names:
+                added.append(AddedTensor(target, head.tied_source, head.tied_reason))
+        return added
+
+    def mtp_heads_lacking(self, names) -> list[LackingHead]:
+        """The drafter's tensors that the source lacks, in an MTP layer it holds, and that mtp_heads
+        cannot add: nothing among `names` to copy them from."""
+        lacking = []
+        for head, target in self._drafter_tensors_lacking(names):
+            tied = self.tied_embeddings and head.tied_source is not None
+            if head.source in names or (tied and head.tied_source in names):
+                continue
+            untied = head.tied_source if not tied and head.tied_source in names else None
+            lacking.append(LackingHead(target, (head.source, head.tied_source) if tied else (head.source,), untied))
+        return lacking
+
+    def _drafter_tensors_lacking(self, names) -> list[tuple[HeadCopy, str]]:
+        """(copy rule, name) of each tensor of the family's mtp_heads the MTP layers of `names` lack."""
         if not self.family.mtp_heads:
             return []
         layers = {self.mtp_label(name) for name in names} - {None}
-        added = []
+        found = []
         for head in self.family.mtp_heads:
             targets = [head.target]
             if "{n}" in head.target:
-                first = self.num_hidden_layers or 0
-                targets = [head.target.format(n=i) for i in range(first, first + self.mtp_layer_count)]
-            for target in targets:
-                if head.source in names and target not in names and self.mtp_label(target) in layers:
-                    added.append(AddedTensor(target, head.source, head.reason))
-        return added
+                targets = [head.target.format(n=i) for i in self.mtp_layer_numbers]
+            found += [(head, target) for target in targets if target not in names and self.mtp_label(target) in layers]
+        return found
 
 
-def rules_for(config: dict | None) -> ModelRules:
+def rules_for(config: dict | None, names: Iterable[str] = ()) -> ModelRules:
+    """The rules of a checkpoint with this config.json and, when given, these tensor names (they
+    show the MTP layers the config does not count)."""
     config = config or {}
     stated = config_value(config, "model_type")
     odd = None if stated is None or isinstance(stated, str) else f"{shown(stated)} ({type(stated).__name__})"
-    return _rules(model_type_of(config), _int(config, "num_hidden_layers"), _int(config, "num_nextn_predict_layers") or 0, odd)
+    model_type = model_type_of(config)
+    num_hidden_layers = _int(config, "num_hidden_layers")
+    mtp_layer_count = _mtp_layer_count(config)
+    undeclared = _undeclared_mtp_layers(_BY_TYPE.get(model_type, GENERIC), names, num_hidden_layers, mtp_layer_count)
+    tied = config_value(config, "tie_word_embeddings") is True
+    return _rules(model_type, num_hidden_layers, mtp_layer_count, odd, undeclared, tied)
+
+
+def _mtp_layer_count(config: dict) -> int | None:
+    """num_nextn_predict_layers, None if absent. vLLM's DeepSeek MTP model numbers its layers as
+    range(num_hidden_layers, num_hidden_layers + num_nextn_predict_layers), so anything but a count
+    fails there: refused here, naming it."""
+    value = config_value(config, "num_nextn_predict_layers")
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+        return value
+    raise ConfigError(
+        f"config.json's num_nextn_predict_layers is {shown(value)} ({type(value).__name__}), not a count of MTP layers",
+        'write it as an integer, e.g. "num_nextn_predict_layers": 1 (vLLM reads it as one)',
+    )
+
+
+def _undeclared_mtp_layers(family: Family, names: Iterable[str], first: int | None, declared: int | None) -> tuple[int, ...]:
+    """The layers under the family's roots, from num_hidden_layers on (any, if the config lacks it),
+    holding one of its mtp_markers, past the num_nextn_predict_layers counted ones."""
+    if not family.mtp_markers:
+        return ()
+    roots = "|".join(re.escape(root) for root in family.roots)
+    markers = "|".join(re.escape(marker) for marker in family.mtp_markers)
+    pattern = re.compile(rf"(?:{roots})layers\.(\d{{1,{MAX_LAYER_DIGITS}}})\.(?:{markers})\.")
+    numbers = {int(match[1]) for match in map(pattern.match, names) if match}
+    start = 0 if first is None else first + (declared or 0)
+    return tuple(sorted(n for n in numbers if n >= start))
 
 
 @lru_cache(maxsize=4)
-def _rules(model_type: str | None, num_hidden_layers: int | None, mtp_layer_count: int, odd_model_type: str | None) -> ModelRules:
-    """The rules are a function of these config values: one object per checkpoint, so that
-    the source's checks, the planner and inspect share its memo of names (`routed_expert`)."""
-    return ModelRules(model_type, _BY_TYPE.get(model_type, GENERIC), num_hidden_layers, mtp_layer_count, odd_model_type)
+def _rules(
+    model_type: str | None,
+    num_hidden_layers: int | None,
+    mtp_layer_count: int | None,
+    odd_model_type: str | None,
+    undeclared_mtp_layers: tuple[int, ...],
+    tied_embeddings: bool,
+) -> ModelRules:
+    """The rules are a function of these values: one object per checkpoint, so that the source's
+    checks, the planner and inspect share its memo of names (`routed_expert`)."""
+    family = _BY_TYPE.get(model_type, GENERIC)
+    return ModelRules(
+        model_type, family, num_hidden_layers, mtp_layer_count, odd_model_type, undeclared_mtp_layers, tied_embeddings
+    )

@@ -49,7 +49,7 @@ from ascendconv.io.safetensors import TensorEntry
 from ascendconv.io.writer import TensorSpec
 from ascendconv.sources import Source, SourceLinear
 from ascendconv.sources.plain import FLOAT_DTYPES
-from ascendconv.models import AddedTensor, ModelRules, rules_for
+from ascendconv.models import AddedTensor, LackingHead, ModelRules, rules_for
 
 
 # Files of the source directory never carried into the package: weights in any format, and the
@@ -149,6 +149,7 @@ class Plan:
     # the ones the drafter needs that --no-mtp-heads leaves out
     added: list[AddedTensor] = field(default_factory=list)
     heads_left_out: list[AddedTensor] = field(default_factory=list)
+    heads_lacking: list[LackingHead] = field(default_factory=list)  # the drafter needs, the source cannot give
     # (file, tensors, bytes) of each shard, counted without placing the tensors (Planner.count_shards)
     count_shards: Callable[[], list[tuple[str, int, int]]] | None = field(default=None, repr=False, compare=False)
 
@@ -180,6 +181,8 @@ class Plan:
     @property
     def warnings(self) -> list[str]:
         warnings = [self.rules.warning] if self.rules.warning else []
+        if self.rules.undeclared_mtp_warning:
+            warnings.append(self.rules.undeclared_mtp_warning)
         mtp = self.quantized_mtp_modules()
         if mtp:
             warnings.append(f"{mtp} MTP modules quantized by --override: vllm-ascend expects the MTP layer FLOAT")
@@ -189,6 +192,15 @@ class Plan:
             warnings.append(
                 f"{head.name} is not in the source and --no-mtp-heads leaves it out: vllm-ascend's MTP drafter "
                 f"looks it up at construction, so speculative decoding with MTP will not load ({head.reason})"
+            )
+        for head in self.heads_lacking:
+            untied = (
+                f" (config.json does not set tie_word_embeddings, so {head.untied_embedding} is not the output head)"
+                if head.untied_embedding else ""
+            )
+            warnings.append(
+                f"{head.name} is not in the source, nor {' or '.join(head.sources)} to copy it from{untied}: "
+                "vllm-ascend's MTP drafter looks it up at construction, so speculative decoding with MTP will not load"
             )
         warnings += self.tp_growth_warnings()
         # a file the source holds and the package lacks (a tokenizer, a template) is the user's to know of
@@ -575,7 +587,7 @@ class Planner:
         unsafe = {name: why for name, why in (unsafe_files or {}).items() if not never_carried(name)}
         self.skipped_files = {**unsafe, **skipped}  # source file -> why it is not copied
         self.bytes_in = bytes_in
-        self.rules = rules_for(config)
+        self.rules = rules_for(config, tensors)
         self.deployment = deployment or Deployment()
         self.facts = module_facts(linears, self.rules, self.deployment)
         self.groups = group_members(self.facts)
@@ -583,6 +595,7 @@ class Planner:
         self.unquantized = unquantized_members(self.layout, linears, self.groups, self.rules, self.deployment)
         heads = self.rules.mtp_heads(tensors)
         self.added, self.heads_left_out = (heads, []) if self.deployment.mtp_heads else ([], heads)
+        self.heads_lacking = self.rules.mtp_heads_lacking(tensors)
 
     @classmethod
     def for_source(cls, source: Source, deployment: Deployment) -> Planner:
@@ -634,6 +647,7 @@ class Planner:
             ],
             added=list(self.added),
             heads_left_out=list(self.heads_left_out),
+            heads_lacking=list(self.heads_lacking),
         )
         return plan
 

@@ -5,7 +5,8 @@ import re
 import pytest
 from hypothesis import given, strategies as st
 
-from ascendconv.errors import BadOptionError
+from ascendconv.errors import BadOptionError, ConfigError
+from ascendconv.families import DS_V4_MTP_TIED_HEAD_REASON, GLM_MTP_HEAD_REASON, GLM_MTP_TIED_HEAD_REASON
 from ascendconv.models import (
     FAMILIES,
     INDEXER_WK_REASON,
@@ -365,3 +366,139 @@ def test_routed_experts_share_facts_as_if_each_were_decided_alone(model_type, de
     assert {p: module_facts({p: linear}, rules, deployment)[p] for p, linear in linears.items()} == together
     moe = bool(rules.family.expert_projections)
     assert sum(1 for p in linears if rules.routed_expert(p)) == (len(linears) if moe else 0)
+
+
+GLM = {"model_type": "glm_moe_dsa", "num_hidden_layers": 1, "num_nextn_predict_layers": 1, "n_routed_experts": 2}
+GLM_HEAD = "model.layers.1.shared_head.head.weight"
+V4_HEAD = "mtp.0.head.weight"
+EMBEDDING = ("BF16", (64, 256))
+
+
+def glm_with_mtp(*, lm_head: bool = True, embedding: bool = True) -> dict:
+    """deepseek_with_mtp as GLM-5 stores it: layer 1 the MTP layer (eh_proj, enorm, shared_head.norm,
+    no shared_head.head), with or without lm_head and the embedding."""
+    spec = deepseek_with_mtp()
+    spec["model.layers.1.eh_proj.weight"] = ("BF16", (256, 512))
+    for norm in ("enorm", "hnorm", "shared_head.norm"):
+        spec[f"model.layers.1.{norm}.weight"] = ("BF16", (256,))
+    if embedding:
+        spec["model.embed_tokens.weight"] = EMBEDDING
+    if lm_head:
+        spec["lm_head.weight"] = EMBEDDING
+    return spec
+
+
+def v4_with_mtp(*, head: bool = True) -> dict:
+    """DeepSeek-V4's native names: one decoder layer, the MTP layer mtp.0 (e_proj / h_proj), embed,
+    with or without head."""
+    spec = {"embed.weight": EMBEDDING, **({"head.weight": EMBEDDING} if head else {})}
+    for p in ("layers.0", "mtp.0"):
+        spec.update(fp8(f"{p}.attn.wq_a", 256, 256))
+        spec.update(fp8(f"{p}.ffn.shared_experts.w1", 128, 256))
+    spec.update(fp8("mtp.0.e_proj", 256, 256))
+    spec.update(fp8("mtp.0.h_proj", 256, 256))
+    return spec
+
+
+V4 = {"model_type": "deepseek_v4", "num_hidden_layers": 1, "num_nextn_predict_layers": 1}
+
+
+@pytest.mark.parametrize(
+    "spec, config, head, embedding, reason",
+    [
+        (glm_with_mtp(lm_head=False), {**GLM, "tie_word_embeddings": True}, GLM_HEAD, "model.embed_tokens.weight",
+         GLM_MTP_TIED_HEAD_REASON),
+        (v4_with_mtp(head=False), {**V4, "tie_word_embeddings": True}, V4_HEAD, "embed.weight", DS_V4_MTP_TIED_HEAD_REASON),
+    ],
+)  # fmt: skip
+def test_with_tied_embeddings_the_drafter_head_is_a_copy_of_the_embedding(spec, config, head, embedding, reason):
+    plan = plan_of(spec, scheme="w8a8-mxfp8", config=config)
+    assert [(a.name, a.source, a.reason) for a in plan.added] == [(head, embedding, reason)]
+    copy = {t.name: t for t in plan.tensors}[head]
+    assert (copy.source, copy.kind, copy.dtype, copy.shape, copy.quant_type) == (embedding, "copy", "BF16", (64, 256), "FLOAT")
+    assert plan.description()[head] == "FLOAT"
+    assert plan.to_dict()["added_tensors"] == {head: {"source": embedding, "reason": reason}}  # what provenance records
+    assert plan.warnings == []
+    off = plan_of(spec, scheme="w8a8-mxfp8", config=config, deployment=Deployment(mtp_heads=False))
+    assert head not in off.description() and off.added == []
+    assert off.warnings == [
+        f"{head} is not in the source and --no-mtp-heads leaves it out: vllm-ascend's MTP drafter looks it up at "
+        f"construction, so speculative decoding with MTP will not load ({reason})"
+    ]
+
+
+@pytest.mark.parametrize(
+    "spec, config, head, untied",
+    [
+        (glm_with_mtp(lm_head=False, embedding=False), {**GLM, "tie_word_embeddings": True}, GLM_HEAD,
+         "nor lm_head.weight or model.embed_tokens.weight to copy it from"),
+        (glm_with_mtp(lm_head=False), GLM, GLM_HEAD,
+         "nor lm_head.weight to copy it from (config.json does not set tie_word_embeddings, so "
+         "model.embed_tokens.weight is not the output head)"),
+        (v4_with_mtp(head=False), V4, V4_HEAD,
+         "nor head.weight to copy it from (config.json does not set tie_word_embeddings, so embed.weight is not the "
+         "output head)"),
+    ],
+)  # fmt: skip
+def test_a_drafter_head_with_nothing_to_copy_says_mtp_will_not_load(spec, config, head, untied):
+    for deployment in (Deployment(), Deployment(mtp_heads=False)):
+        plan = plan_of(spec, scheme="w8a8-mxfp8", config=config, deployment=deployment)
+        assert plan.added == [] and head not in plan.description()
+        assert plan.warnings == [
+            f"{head} is not in the source, {untied}: vllm-ascend's MTP drafter looks it up at construction, so "
+            "speculative decoding with MTP will not load"
+        ]
+
+
+def test_glm_with_its_lm_head_copies_lm_head_even_with_tied_embeddings():
+    plan = plan_of(glm_with_mtp(), scheme="w8a8-mxfp8", config={**GLM, "tie_word_embeddings": True})
+    assert [(a.name, a.source, a.reason) for a in plan.added] == [(GLM_HEAD, "lm_head.weight", GLM_MTP_HEAD_REASON)]
+
+
+def _undeclared(fix: str, stated: str) -> str:
+    return (
+        f"layer 1 holds MTP tensors (eh_proj / enorm) and {stated}: planned as MTP layers, FLOAT; vLLM finds MTP "
+        f"layers by num_hidden_layers and num_nextn_predict_layers, so set {fix} in the package's config.json"
+    )
+
+
+@pytest.mark.parametrize(
+    "config, warning",
+    [
+        ({k: v for k, v in GLM.items() if k != "num_nextn_predict_layers"},
+         _undeclared('"num_nextn_predict_layers": 1', "config.json does not declare them (num_nextn_predict_layers absent)")),
+        ({**GLM, "num_nextn_predict_layers": 0},
+         _undeclared('"num_nextn_predict_layers": 1', "config.json does not declare them (num_nextn_predict_layers 0)")),
+        ({k: v for k, v in GLM.items() if k != "num_hidden_layers"},
+         _undeclared('"num_hidden_layers": 1', "config.json has no num_hidden_layers to number them from")),
+    ],
+)  # fmt: skip
+def test_an_mtp_layer_config_json_does_not_declare_is_planned_as_mtp_and_warned(config, warning):
+    """Layer 1 holds eh_proj / enorm: an MTP layer whatever num_nextn_predict_layers says (vLLM's
+    loader would not find it), FLOAT with the drafter's head, as a declared one."""
+    plan = plan_of(glm_with_mtp(), scheme="w4a8-mxfp-moe", config=config)
+    declared = plan_of(glm_with_mtp(), scheme="w4a8-mxfp-moe", config=GLM)
+    assert written(plan) == written(declared) and written(plan)["model.layers.1.mlp.experts.0.up_proj"] == "FLOAT"
+    assert plan.decisions["model.layers.1.self_attn.q_a_proj"].reason == MTP_REASON
+    assert [(a.name, a.source) for a in plan.added] == [(GLM_HEAD, "lm_head.weight")]
+    assert plan.warnings == [warning]
+    assert declared.warnings == []
+
+
+def test_a_second_mtp_layer_past_the_declared_count_is_mtp_too():
+    spec = glm_with_mtp()
+    spec.update({name.replace("layers.1.", "layers.2."): entry for name, entry in spec.items() if "layers.1." in name})
+    rules = rules_for(GLM, spec)
+    assert rules.mtp_layer_numbers == (1, 2) and rules.undeclared_mtp_layers == (2,)
+    assert [a.name for a in rules.mtp_heads(spec)] == [GLM_HEAD, "model.layers.2.shared_head.head.weight"]
+    assert '"num_nextn_predict_layers": 2' in rules.undeclared_mtp_warning
+    assert rules_for(GLM, glm_with_mtp()).undeclared_mtp_layers == ()
+    # a decoder layer is no MTP layer, marker or not: only layers from num_hidden_layers on
+    assert rules_for({**GLM, "num_hidden_layers": 2}, spec).undeclared_mtp_layers == ()
+
+
+@pytest.mark.parametrize("value", ["1", 1.0, True, -1, [1]])
+def test_num_nextn_predict_layers_that_is_no_count_is_refused(value):
+    with pytest.raises(ConfigError) as caught:
+        rules_for({**GLM, "num_nextn_predict_layers": value})
+    assert caught.value.message.startswith(f"config.json's num_nextn_predict_layers is {value!r} ")

@@ -48,7 +48,7 @@ def inspect_package(root: Path, glob: str | None) -> InspectReport:
 
     provenance = package.record
     by_dtype, by_type = _tally(package.tensors, quant_type_of)
-    rules = rules_for(package.config)
+    rules = rules_for(package.config, package.tensors)
     structure = _structure(package.tensors, rules)
     shards = [
         ShardInfo(f, len(package.headers[f].tensors) if f in package.headers else None, file_size(root / f))

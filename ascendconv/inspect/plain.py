@@ -38,7 +38,7 @@ def inspect_plain(root: Path, config: dict, config_path: Path, glob: str | None)
             "inspect recognises block-FP8 and BF16/F16/F32 Hugging Face checkpoints and AscendV1 packages",
         )
     by_dtype, by_type = _tally(tensors, lambda n: FLOAT)
-    rules = rules_for(config)
+    rules = rules_for(config, tensors)
     structure = _structure(tensors, rules)
     return InspectReport(
         kind=KIND_PLAIN,

@@ -23,7 +23,7 @@ from ascendconv.inspect.summary import (
 from ascendconv.sources import Encoding, Source, open_source
 from ascendconv.sources.base import WEIGHT_SUFFIX
 from ascendconv.sources.checkpoint import INDEX_NAME as SOURCE_INDEX_NAME
-from ascendconv.models import ModelRules, heads_problem, rules_for
+from ascendconv.models import ModelRules, heads_problem
 from ascendconv.decide import SCHEMES, Deployment, module_pattern
 from ascendconv.plan import Plan, Planner
 
@@ -62,7 +62,7 @@ def inspect_source(root: Path, glob: str | None, deployment: Deployment) -> Insp
             entry = source.tensors[name]
             if name.endswith(WEIGHT_SUFFIX) and len(entry.shape) >= 2:
                 modules.setdefault(name[: -len(WEIGHT_SUFFIX)], entry)
-        rules = rules_for(source.config)
+        rules = planner.rules  # with the MTP layers the names show
         structure = _structure(unpaired, rules, source.linears)  # a linear's tensors are named after it
         index = SOURCE_INDEX_NAME if (root / SOURCE_INDEX_NAME).is_file() else None
         tensor_bytes = sum(e.nbytes for e in source.tensors.values())
