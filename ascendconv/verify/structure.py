@@ -27,7 +27,7 @@ from ascendconv.decide import (
     packed_group,
     rank_k,
 )
-from ascendconv.models import ModelRules, heads_problem
+from ascendconv.models import ModelRules, config_value, heads_problem
 from ascendconv.verify.checks import make_check, skip_check
 from ascendconv.verify.layout import _Layout
 from ascendconv.verify.report import Check
@@ -315,9 +315,7 @@ def split_problem(
 
 
 def kv_head_count(config: dict | None):
-    config = config or {}
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
-    return config.get("num_key_value_heads", text.get("num_key_value_heads"))
+    return config_value(config or {}, "num_key_value_heads")
 
 
 def check_tp(lay: _Layout, tp: int, ep: bool = False) -> Check:
