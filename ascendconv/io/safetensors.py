@@ -263,7 +263,8 @@ def _plain_entries(path: Path, header: dict, data_start: int) -> tuple[dict[str,
                 return None
             nbytes = itemsizes[dtype]
             for dim in shape:
-                if type(dim) is not int or dim < 0:
+                # each dimension bounded too: beside a 0, a huge one leaves nbytes small
+                if type(dim) is not int or not 0 <= dim <= limit:
                     return None
                 nbytes *= dim
                 if nbytes > limit:
