@@ -634,8 +634,10 @@ class Planner:
             max_shard_size=max_shard_size,
             groups=groups,
             figures=self.figures(groups, max_shard_size),
-            place=lambda: self.place(plan.groups, max_shard_size),
-            count_shards=lambda: self.count_shards(plan.groups, max_shard_size),
+            # bound to `groups`, not to the plan: a plan that refers to itself outlives its last use
+            # until a full collection (each one's placed tensors are a hundred MB at full scale)
+            place=functools.partial(self.place, groups, max_shard_size),
+            count_shards=functools.partial(self.count_shards, groups, max_shard_size),
             copied_files=list(self.copied_files),
             bytes_in=self.bytes_in,
             skipped_files=dict(self.skipped_files),
