@@ -123,6 +123,16 @@ def test_help_lists_every_choice_and_a_typo_is_a_usage_error(tmp_path):
     assert result.exit_code == 2 and "w8a8-mxf8" in result.output and not (tmp_path / "out").exists()
 
 
+def test_verify_help_names_every_exit_code_it_can_give():
+    """verify exits 4 (EnvironmentProblem: --on-npu without an NPU) as docs/verify.md says; its
+    --help listed 0 to 3 only."""
+    from ascendconv.errors import EXIT_CHECK_FAILED, EXIT_ENVIRONMENT, EXIT_INPUT, EXIT_OK, EXIT_USAGE
+
+    help_text = " ".join(runner.invoke(app, ["verify", "--help"], env={"COLUMNS": "200"}).stdout.split())
+    for code in (EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE, EXIT_INPUT, EXIT_ENVIRONMENT):
+        assert f"{code}: " in help_text, code
+
+
 def test_ray_option_defaults_are_ray_options_defaults():
     """--ray-parts, --ray-cpus and --ray-retries show and pass what RayOptions() holds."""
     import typer.main
