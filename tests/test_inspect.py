@@ -17,8 +17,9 @@ from safetensors import safe_open
 from typer.testing import CliRunner
 
 from ascendconv.cli import app
+from ascendconv.ascendv1 import QUANT_TYPES
 from ascendconv.cli.render.inspect import render_inspect
-from ascendconv.cli.render.tables import elide_middle, elide_name
+from ascendconv.cli.render.tables import elide_middle, elide_name, human_bytes
 from ascendconv.convert import ConvertOptions, plan_for
 from ascendconv.errors import (
     MissingScaleError,
@@ -531,6 +532,25 @@ def test_every_view_fits_80_columns(converted, fixture):
             assert lines and max(len(line) for line in lines) <= 80, "\n".join(lines)
 
 
+@pytest.mark.parametrize("width", [60, 80, 100])
+def test_per_scheme_tables_are_split_to_fit_and_cut_no_number_or_type(width):
+    """Seven scheme columns need about 120 cells: on a narrower terminal the tables come in parts that
+    each fit, repeating the row labels, and every count, size and type is printed whole."""
+    report = inspect_path(FIXTURES / MOE)
+    lines = render(report, width)
+    assert max(len(line) for line in lines) <= width
+    cells = [cell for line in lines for cell in re.split(r"\s{2,}", line.strip()) if cell]
+    assert not any("…" in cell for cell in cells if not cell.startswith("model."))  # only names are elided
+    words = " ".join(lines).split()
+    for scheme, estimate in report.schemes.items():
+        assert words.count(scheme) == 3  # whole: a column of each table, and its runtime heading
+        assert human_bytes(estimate.bytes_out) in " ".join(lines)
+    estimates = lines[lines.index("what convert would write, per --scheme (default options)") :]
+    # estimates: 19 cells of labels, then 12-17 per scheme; groups: 31 cells of names and counts, then 12-17
+    assert sum(line.startswith("tensor bytes ") for line in estimates) == {60: 3, 80: 2, 100: 2}[width]
+    assert sum(line.startswith("lm_head ") for line in estimates) == {60: 6, 80: 3, 100: 2}[width]
+
+
 @pytest.mark.parametrize("fixture", FIXTURE_NAMES)
 def test_tensor_table_at_80_columns_has_one_line_per_tensor(fixture):
     report = inspect_path(FIXTURES / fixture, tensors="*")
@@ -696,3 +716,11 @@ def test_a_cached_repo_is_titled_by_its_repo_id_and_its_revision_shown(tmp_path,
     assert lines[0].startswith("Org/QwenMoe  ")
     assert "revision      abc123 of Org/QwenMoe in the Hugging Face cache" in lines
     assert inspect_path(FIXTURES / MOE).to_dict()["hub"] is None
+
+
+def test_runtime_notes_count_one_in_the_singular():
+    dense = inspect_path(FIXTURES / DENSE).schemes["w4a8-mxfp"].runtime
+    assert f"W8A8_MXFP8 (1 module): {QUANT_TYPES['W8A8_MXFP8'].runtime}" in dense
+    assert "1 fallback (see fallbacks), planned for --tp 1" in dense
+    deepseek = inspect_path(FIXTURES / DEEPSEEK).schemes["w4a8-mxfp-moe"].runtime
+    assert any(note.startswith("1 MoE layer holds shared experts of another type") for note in deepseek)

@@ -153,7 +153,7 @@ def _render_inspect_summary(report, console: Console) -> None:
         else:
             headers = ["module", "n", "dtype"]
             rows = [[g.pattern, str(g.modules), types_cell(g.dtypes)] for g in report.groups]
-        print_table(console, headers, rows, right=(1,))
+        print_table(console, headers, rows, right=(1,), lead=2)
     if report.schemes is not None:
         _render_fallbacks(report, console)
         _render_runtime(report, console)
@@ -172,7 +172,7 @@ def _render_scheme_estimates(report, console: Console) -> None:
     rows.append(["tensor bytes", *(human_bytes(e.bytes_out) for e in estimates)])
     rows.append(["shards (4 GiB)", *(str(e.shards) for e in estimates)])
     headers = ["", *(e.scheme for e in estimates)]
-    print_table(console, headers, rows, right=tuple(range(1, len(headers))), elide=None)
+    print_table(console, headers, rows, right=tuple(range(1, len(headers))), elide=None, lead=1)
 
 
 def _render_fallbacks(report, console: Console) -> None:

@@ -168,10 +168,14 @@ def print_table(
     elide: int | None = 0,
     wrap: int | None = None,
     gap: int = _GAP,
+    lead: int | None = None,
+    name_width: int | None = None,
 ) -> None:
     """Print a borderless table. On a terminal it is no wider than the console: column `elide` is cut
     in the middle to the room the other columns leave; column `wrap` (if any) wraps its words; the
-    rest keep their width. Elsewhere every cell is printed whole, on one line per cell line."""
+    rest keep their width. A table with `lead` columns that name its rows (one column per scheme
+    after them) is printed in parts that each fit, every part repeating the lead columns: a number
+    or a type is never cut. Elsewhere every cell is printed whole, on one line per cell line."""
     widths = [
         max([cell_len(h)] + [cell_len(line) for row in rows for line in row[i].split("\n")])
         for i, h in enumerate(headers)
@@ -179,6 +183,26 @@ def print_table(
     if not console.is_terminal:
         _print_plain(console, headers, rows, widths, right, gap)
         return
+    if lead is not None:
+        parts = _column_parts(widths, lead, console.width, gap, elide)
+        if len(parts) > 1:
+            if elide is not None:  # the same names in every part: the room the widest part leaves
+                others = max(sum(widths[i] for i in range(lead) if i != elide) + sum(widths[i] for i in part) for part in parts)
+                name_width = min(widths[elide], max(12, console.width - gap * (lead + max(map(len, parts)) - 1) - others))
+            for number, part in enumerate(parts):
+                if number:
+                    console.print()
+                columns = [*range(lead), *part]
+                print_table(
+                    console,
+                    [headers[i] for i in columns],
+                    [[row[i] for i in columns] for row in rows],
+                    right=tuple(j for j, i in enumerate(columns) if i in right),
+                    elide=elide,
+                    gap=gap,
+                    name_width=name_width,
+                )
+            return
     room_left = console.width - gap * (len(headers) - 1)
     fixed = sum(w for i, w in enumerate(widths) if i not in (elide, wrap))
     if wrap is not None:
@@ -187,7 +211,7 @@ def print_table(
             widths[elide] = min(widths[elide], max(12, room_left - fixed - wrap_min))
         widths[wrap] = max(8, min(widths[wrap], room_left - fixed - (widths[elide] if elide is not None else 0)))
     elif elide is not None:
-        widths[elide] = min(widths[elide], max(12, room_left - fixed))
+        widths[elide] = min(widths[elide], max(12, room_left - fixed), name_width or widths[elide])
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, gap - 1, 0, 0), header_style="bold")
     for i, header in enumerate(headers):
         table.add_column(
@@ -206,3 +230,23 @@ def print_table(
         ]
         table.add_row(*cells)
     console.print(table)
+
+
+_NAME_ROOM = 30  # cells a part of a split table leaves its elided name column at least
+
+
+def _column_parts(widths: list[int], lead: int, room: int, gap: int, elide: int | None) -> list[list[int]]:
+    """The columns after the first `lead`, in runs that fit `room` cells beside the lead columns
+    (the elided one at its width or `_NAME_ROOM`, whichever is less); one run when all fit."""
+    lead_width = sum(min(w, _NAME_ROOM) if i == elide else w for i, w in enumerate(widths[:lead]))
+    if sum(widths) + gap * (len(widths) - 1) <= room:
+        return [list(range(lead, len(widths)))]
+    parts: list[list[int]] = [[]]
+    used = lead_width
+    for i in range(lead, len(widths)):
+        if parts[-1] and used + gap + widths[i] > room:
+            parts.append([])
+            used = lead_width
+        parts[-1].append(i)
+        used += gap + widths[i]
+    return parts
