@@ -560,3 +560,72 @@ def test_a_linear_stored_both_packed_and_plain_is_refused_naming_both(tmp_path, 
         assert report["error"] == "UnsupportedTensorError", report
         assert all(w in report["message"] for w in (f"{q}.weight'", f"{q}.weight_packed'", "linear")), report["message"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["both", f"src-{name}-{MOE}"]
+
+
+_PREFIXES = ["a", "b", "m.experts.0.w1", "m.experts.1.w1"]
+_DTYPES = ["U8", "F8_E4M3", "F8_E8M0", "BF16", "I64"]
+_SHAPES = [(64, 32), (64, 64), (64, 48), (64, 24), (64, 1), (64, 2), (64, 3), (64,), (0, 64), (2,)]
+
+
+@st.composite
+def _ct_mx_tensors(draw):
+    """Well-formed compressed-tensors MX linears (MXFP4 packed or MXFP8, K of 64 or 96, with or
+    without bias and weight_shape, some in both formats), then up to three edits: a tensor dropped, retyped, reshaped, or
+    one added under any of the names."""
+    tensors: dict[str, tuple[str, tuple]] = {}
+    odd = 0  # linears stored in both formats: the fast path may give up on them
+    for prefix in draw(st.lists(st.sampled_from(_PREFIXES), unique=True, max_size=4)):
+        # K of 48 or 0: weight and scale agree, but K is no multiple of 32 / the linear has no elements
+        k, packed = draw(st.sampled_from([64, 96, 64, 96, 48, 0])), draw(st.booleans())
+        if draw(st.booleans()) and draw(st.booleans()):  # stored in both MX formats
+            tensors[prefix + ".weight"] = ("F8_E4M3", (64, k))
+            odd += 1
+        if packed:
+            tensors[prefix + ".weight_packed"] = ("U8", (64, k // 2))
+            if draw(st.booleans()):
+                tensors[prefix + ".weight_shape"] = ("I64", (2,))
+        else:
+            tensors[prefix + ".weight"] = ("F8_E4M3", (64, k))
+        tensors[prefix + ".weight_scale"] = (draw(st.sampled_from(["U8", "F8_E8M0"])), (64, k // 32))
+        if draw(st.booleans()):
+            tensors[prefix + ".bias"] = ("BF16", (64,))
+    names = [p + s for p in _PREFIXES for s in (".weight", ".weight_packed", ".weight_scale", ".bias")]
+    edits = draw(st.integers(0, 3))
+    for _ in range(edits):
+        name = draw(st.sampled_from(names))
+        edit = draw(st.sampled_from(["drop", "dtype", "shape", "add"]))
+        if edit == "drop":
+            tensors.pop(name, None)
+        elif edit == "add":
+            tensors[name] = (draw(st.sampled_from(_DTYPES)), draw(st.sampled_from(_SHAPES)))
+        elif name in tensors:
+            dtype, shape = tensors[name]
+            tensors[name] = (draw(st.sampled_from(_DTYPES)), shape) if edit == "dtype" else (dtype, draw(st.sampled_from(_SHAPES)))
+    order = draw(st.permutations(sorted(tensors)))
+    return {name: tensors[name] for name in order}, edits + odd
+
+
+@settings(max_examples=1500, deadline=None)
+@given(_ct_mx_tensors(), st.sampled_from([("mxfp4-pack-quantized",), ("mxfp8-quantized",), ("mxfp4-pack-quantized", "mxfp8-quantized")]))
+def test_compressed_tensors_mx_pairing_fast_path_makes_what_the_naming_path_makes(drawn, formats):
+    """The tight loop either gives up (None) or pairs exactly as the tensor-by-tensor loop does; it
+    never accepts what that one refuses, and a faultless checkpoint takes it."""
+    from types import SimpleNamespace
+
+    from ascendconv.io.safetensors import TensorEntry, tensor_nbytes
+    from ascendconv.sources.mx_native import CT_MX_FORMATS, LAYOUTS, CompressedTensorsMx, _pair_mx_faultless
+
+    specs, odd = drawn
+    tensors = {
+        name: TensorEntry(name, dtype, shape, Path("s.safetensors"), 0, tensor_nbytes(dtype, shape))
+        for name, (dtype, shape) in specs.items()
+    }
+    layouts = [LAYOUTS[CT_MX_FORMATS[f][1]] for f in formats]
+    fast = _pair_mx_faultless(tensors, layouts)
+    try:
+        slow = CompressedTensorsMx._pair_naming_faults(tensors, layouts, SimpleNamespace(formats=formats))
+    except (UnsupportedTensorError, MissingScaleError, ScaleDtypeError, ScaleShapeError) as exc:
+        assert fast is None, exc  # a refusal: the fast path gave up
+        return
+    # it may give up on an odd one that is accepted (a `P.weight_packed` beside an MXFP8 `P.weight`)
+    assert (fast is None and odd > 0) or list(fast.items()) == list(slow.items())

@@ -39,6 +39,7 @@ NATIVE_TYPES = {Encoding.MX_E2M1: W4A8_MXFP, Encoding.MX_E4M3: W8A8_MXFP8}
 
 
 WEIGHT_SUFFIX = ".weight"
+BIAS_SUFFIX = ".bias"
 # Scale tensors of FP8 tiles, as their formats store the multiplier: floats, or E8M0 bytes (2**(b-127)).
 TILE_SCALE_DTYPES = ("F32", "BF16", "F16", "F8_E8M0")
 

@@ -19,14 +19,13 @@ from ascendconv.errors import (
     shown,
 )
 from ascendconv.io.safetensors import TensorEntry
-from ascendconv.sources.base import WEIGHT_SUFFIX, Encoding, Source, SourceFormat, SourceLinear, new_linear
+from ascendconv.sources.base import BIAS_SUFFIX, WEIGHT_SUFFIX, Encoding, Source, SourceFormat, SourceLinear, new_linear
 from ascendconv.sources.checkpoint import Checkpoint, find_quantization_config
 
 SCALE_SUFFIX = ".weight_scale_inv"
 # A per-tensor FP8 weight among block-FP8 ones (Qwen3.8-Flash-Next's n-gram table): one multiplier
 # stored as `P.weight_scale`, a tile of the whole weight.
 PER_TENSOR_SUFFIX = ".weight_scale"
-BIAS_SUFFIX = ".bias"
 SCALE_DTYPES = ("F32", "BF16")
 MAX_BLOCK = 2**31 - 1  # tile sides beyond any checkpoint, within the kernels' integer arithmetic
 # How configs name the E4M3 format (DeepSeek: "e4m3"; MiniMax-M2: "float8_e4m3fn", torch's name).

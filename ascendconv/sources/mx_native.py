@@ -43,11 +43,12 @@ from ascendconv.errors import (
 from ascendconv.formats.constants import GROUP_SIZE
 from ascendconv.io.files import read_json
 from ascendconv.io.safetensors import TensorEntry
-from ascendconv.sources.base import WEIGHT_SUFFIX, Encoding, Source, SourceFormat, SourceLinear
+from ascendconv.sources.base import BIAS_SUFFIX, WEIGHT_SUFFIX, Encoding, Source, SourceFormat, SourceLinear, new_linear
 from ascendconv.sources.checkpoint import Checkpoint, find_quantization_config
 from ascendconv.sources.ct_fp8 import OTHER_FORMATS, _formats, check_ignore
 
 SCALE_SUFFIX = ".weight_scale"
+PACKED_SUFFIX = ".weight_packed"  # compressed-tensors' packed MXFP4 weight
 E8M0_DTYPES = ("U8", "F8_E8M0")  # E8M0 bytes, whichever tag the writer gave them; the package's are U8
 NVFP4_WHY = (
     "NVFP4 scales are E4M3 values per 16 elements times a per-tensor global scale: no MX type holds them "
@@ -81,7 +82,7 @@ class MxLayout:
 
 
 LAYOUTS = {
-    "ct-mxfp4": MxLayout("ct-mxfp4", Encoding.MX_E2M1, ".weight_packed", "U8", (".weight_shape",)),
+    "ct-mxfp4": MxLayout("ct-mxfp4", Encoding.MX_E2M1, PACKED_SUFFIX, "U8", (".weight_shape",)),
     "ct-mxfp8": MxLayout("ct-mxfp8", Encoding.MX_E4M3, WEIGHT_SUFFIX, "F8_E4M3"),
     "quark-fp4": MxLayout("quark-fp4", Encoding.MX_E2M1, WEIGHT_SUFFIX, "U8"),
     "modelopt-mxfp8": MxLayout("modelopt-mxfp8", Encoding.MX_E4M3, WEIGHT_SUFFIX, "F8_E4M3"),
@@ -211,11 +212,20 @@ class CompressedTensorsMx(SourceFormat):
 
     def open(self, checkpoint: Checkpoint, quant: CtMxConfig) -> Source:
         layouts = [LAYOUTS[CT_MX_FORMATS[f][1]] for f in quant.formats]
-        linears = {}
-        for name, entry in checkpoint.tensors.items():
+        linears = _pair_mx_faultless(checkpoint.tensors, layouts)
+        if linears is None:
+            linears = self._pair_naming_faults(checkpoint.tensors, layouts, quant)
+        shown_config = {"location": quant.location, "fmt": "/".join(quant.formats), "modules_to_not_convert": list(quant.ignore)}
+        return mx_source(self, checkpoint, quant, linears, layouts, {"formats": list(quant.formats)}, shown_config)
+
+    @staticmethod
+    def _pair_naming_faults(tensors: dict[str, TensorEntry], layouts: list[MxLayout], quant: CtMxConfig) -> dict[str, SourceLinear]:
+        """The linears tensor by tensor, in source order: the first fault is the one named."""
+        linears: dict[str, SourceLinear] = {}
+        for name, entry in tensors.items():
             for layout in layouts:
                 if name.endswith(layout.weight_suffix) and entry.dtype == layout.weight_dtype:
-                    linear = mx_linear(checkpoint.tensors, name, entry, layout, layout.name)
+                    linear = mx_linear(tensors, name, entry, layout, layout.name)
                     if linear.prefix in linears:  # MXFP4 and MXFP8 groups: one would be dropped, or collide
                         raise UnsupportedTensorError(
                             f"{entry.path.name}: {shown(name)} and {shown(linears[linear.prefix].weight.name)} are both "
@@ -223,13 +233,48 @@ class CompressedTensorsMx(SourceFormat):
                             "a linear is stored once, in one MX format; remove one of the two tensors",
                         )
                     linears[linear.prefix] = linear
-            if name.endswith(".weight_packed") and name[: -len(".weight_packed")] not in linears:
+            if name.endswith(PACKED_SUFFIX) and name[: -len(PACKED_SUFFIX)] not in linears:
                 raise UnsupportedTensorError(
                     f"{entry.path.name}: {shown(name)} is {entry.dtype} {list(entry.shape)}, but packed MXFP4 weights are U8"
                     + ("" if "mxfp4-pack-quantized" in quant.formats else " (and config.json names no mxfp4-pack-quantized format)")
                 )
-        shown_config = {"location": quant.location, "fmt": "/".join(quant.formats), "modules_to_not_convert": list(quant.ignore)}
-        return mx_source(self, checkpoint, quant, linears, layouts, {"formats": list(quant.formats)}, shown_config)
+        return linears
+
+
+def _pair_mx_faultless(tensors: dict[str, TensorEntry], layouts: list[MxLayout]) -> dict[str, SourceLinear] | None:
+    """The compressed-tensors MX linears of a checkpoint without a fault, in one tight loop (a
+    full-scale one has a quarter of a million), or None at the first sign of a fault: then
+    `_pair_naming_faults` names the first in source order. It makes the same linears as that one."""
+    linears: dict[str, SourceLinear] = {}
+    get, new = tensors.get, new_linear
+    bias_len = len(BIAS_SUFFIX)
+    biases = {name[:-bias_len]: entry for name, entry in tensors.items() if name.endswith(BIAS_SUFFIX)}
+    bias_of = biases.get
+    kinds = {(layout.weight_suffix, layout.weight_dtype): layout for layout in layouts}
+    suffixes = tuple(dict.fromkeys([*(suffix for suffix, _ in kinds), PACKED_SUFFIX]))  # a packed weight always counts
+    grids: dict[tuple, tuple[int, int] | None] = {}  # (weight shape, bytes per K) -> its scale's shape
+    for name, entry in tensors.items():
+        if not name.endswith(suffixes):
+            continue
+        for suffix in suffixes:
+            if not name.endswith(suffix):
+                continue
+            layout = kinds.get((suffix, entry.dtype))
+            if layout is None:
+                if suffix == PACKED_SUFFIX:  # in another dtype, or no MXFP4 format: named by the slow path
+                    return None
+                continue
+            prefix = name[: -len(suffix)]
+            shape, per_byte = entry.shape, layout.k_per_byte
+            grid = grids.get((shape, per_byte), False)
+            if grid is False:
+                ok = len(shape) == 2 and 0 not in shape and shape[1] * per_byte % GROUP_SIZE == 0
+                grid = grids[(shape, per_byte)] = (shape[0], shape[1] * per_byte // GROUP_SIZE) if ok else None
+            scale = get(prefix + SCALE_SUFFIX)
+            if grid is None or scale is None or scale.shape != grid or scale.dtype not in E8M0_DTYPES or prefix in linears:
+                return None
+            linears[prefix] = new(prefix, entry, scale, bias_of(prefix), None, layout.encoding)
+    return linears
 
 
 # --- AMD Quark ---------------------------------------------------------------------------------
