@@ -95,6 +95,13 @@ INDEXER_WK_REASON = "indexer.wk stays FLOAT (vLLM fuses it with the BF16 weights
 # DeepSeek-V4's mtp.0.*, whose e_proj / h_proj the V4 drafter builds with an empty prefix: their
 # lookup finds "some FLOAT weight" and runs them unquantized whatever the package holds.
 MTP_REASON = "MTP layer stays FLOAT (vllm-ascend runs the MTP draft layer unquantized)"
+# Input embeddings: vLLM looks their rows up (VocabParallelEmbedding's quant_method.embedding), and
+# vllm-ascend's quantized embedding method is its linear method (a matmul, no lookup), so a package
+# whose embedding is MX does not run; a release that stores it FP8 gets its resolved BF16 weight. The
+# module's last name, in each spelling (HF embed_tokens, DeepSeek-V4's top-level embed, GPT-2's wte,
+# Bloom / ChatGLM's word_embeddings, InternLM's tok_embeddings).
+EMBEDDING_NAMES = ("embed_tokens", "embed", "wte", "word_embeddings", "tok_embeddings")
+EMBEDDING_REASON = "the input embedding stays FLOAT (vLLM looks its rows up; vllm-ascend has no MX embedding lookup)"
 # Vision (and audio) towers: every release keeps them BF16 (Qwen3.5's modules_to_not_convert lists
 # each vision linear; MiniMax-M3's tower, projector and patch merger are BF16), and vllm-ascend's
 # description aliases for them map names, not types: the package keeps them as the release has them.

@@ -17,6 +17,8 @@ from functools import cached_property, lru_cache
 
 from ascendconv.errors import ConfigError, shown
 from ascendconv.families import (
+    EMBEDDING_NAMES,
+    EMBEDDING_REASON,
     FAMILIES,
     GATE_UP_DOWN,
     GENERIC,
@@ -280,6 +282,8 @@ class ModelRules:
             return MTP_REASON
         if self.family.float_roots and prefix.startswith(self.family.float_roots):
             return VISION_REASON
+        if prefix.rpartition(".")[2] in EMBEDDING_NAMES:
+            return EMBEDDING_REASON
         for ending, reason in self.family.float_rules:
             if prefix.endswith(ending):
                 return reason

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from ascendconv.ascendv1 import RANK
 from ascendconv.errors import BadOptionError
+from ascendconv.families import EMBEDDING_REASON
 from ascendconv.io.safetensors import TensorEntry, tensor_nbytes
 from ascendconv.sources.hf_fp8_block import pair_fp8_linears
 from ascendconv.decide import SCHEMES, Override, module_pattern, packed_group
@@ -196,6 +197,24 @@ def test_kv_b_proj_stays_float_unless_overridden():
     assert written(plan_of(spec, scheme="w8a8-mxfp8")) == {"model.layers.0.self_attn.kv_b_proj": "FLOAT"}
     plan = plan_of(spec, scheme="w8a8-mxfp8", overrides=[Override.parse("*.kv_b_proj=W8A8_MXFP8")])
     assert written(plan) == {"model.layers.0.self_attn.kv_b_proj": "W8A8_MXFP8"}
+
+
+def test_an_fp8_input_embedding_stays_float_in_every_spelling_and_an_fp8_lm_head_does_not():
+    # vllm-ascend's quantized embedding method is its linear method, with no row lookup: an MX
+    # embedding does not run, so a release that stores it FP8 gets its resolved BF16 weight
+    embeddings = ("model.embed_tokens", "model.language_model.embed_tokens", "embed", "transformer.wte")
+    spec = {}
+    for prefix in embeddings:
+        spec.update(fp8(prefix, 64, 256))
+    spec.update(fp8("lm_head", 64, 256))
+    for scheme in ("w8a8-mxfp8", "w4a8-mxfp"):
+        plan = plan_of(spec, scheme=scheme)
+        assert written(plan) == {**dict.fromkeys(embeddings, "FLOAT"), "lm_head": plan.decisions["lm_head"].requested}
+        assert plan.decisions["lm_head"].written != "FLOAT"
+        assert plan.kept_float() == {EMBEDDING_REASON: 4}
+        assert {t.name: t.dtype for t in plan.tensors if t.name.startswith(embeddings)} == {
+            p + ".weight": "BF16" for p in embeddings
+        }
 
 
 def test_bias_of_an_mx_layer_becomes_float32():
