@@ -19,7 +19,7 @@ from ascendconv.assemble import link_or_copy
 from ascendconv.cli import app
 from ascendconv.convert import ConvertOptions, convert
 from ascendconv.errors import CopiedFileError, NotCachedError, ShardChecksumError
-from ascendconv.io.files import copy_regular, read_regular_bytes
+from ascendconv.io.files import MAX_COPIED_BYTES, copy_regular, read_regular_bytes
 from ascendconv.io.hfcache import resolve_source
 from ascendconv.io.outdir import STAGING_TAG
 from ascendconv.resume import LEDGER_NAME, write_json_atomic
@@ -291,6 +291,20 @@ def test_an_index_shard_without_the_suffix_is_not_copied_as_a_companion(tmp_path
     (src / "model.safetensors.index.json").write_text(json.dumps(index))
     result = convert(src, tmp_path / "out", ConvertOptions())
     assert "model-00002" not in result.plan.copied_files and not (tmp_path / "out" / "model-00002").exists()
+
+
+def test_a_companion_larger_than_any_copied_file_is_left_out_with_a_warning_not_refused(tmp_path):
+    # a release may hold a large file in a format vLLM does not read (a .nemo archive, a .tar);
+    # refusing the whole conversion for it left no way but editing the source (or the HF cache)
+    src = Path(shutil.copytree(FIXTURES / "qwen3-dense-fp8", tmp_path / "src"))
+    with open(src / "model.nemo", "wb") as f:
+        f.truncate(MAX_COPIED_BYTES + 1)  # sparse: nothing is written
+    result = convert(src, tmp_path / "out", ConvertOptions())
+    why = f"{MAX_COPIED_BYTES + 1:,} bytes, larger than any file the package carries (1024 MiB)"
+    assert result.plan.skipped_files == {"model.nemo": why}
+    assert f"model.nemo is not carried into the package: {why}" in result.plan.warnings
+    assert "model.nemo" not in result.plan.copied_files and not (tmp_path / "out" / "model.nemo").exists()
+    assert (tmp_path / "out" / "tokenizer.json").read_bytes() == (src / "tokenizer.json").read_bytes()
 
 
 def test_assemble_checks_space_up_front_and_hints_no_option_it_lacks(parts, tmp_path, monkeypatch):

@@ -20,7 +20,7 @@ from ascendconv.errors import (
     UnsupportedTensorError,
     shown,
 )
-from ascendconv.io.files import is_regular, is_within, read_json
+from ascendconv.io.files import MAX_COPIED_BYTES, is_regular, is_within, read_json
 from ascendconv.io.safetensors import SafetensorsHeader, TensorEntry, TensorReader, read_header
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -232,6 +232,10 @@ class Checkpoint:
                 refused[path.name] = f"it links outside the source directory (to {real})"
             elif not real.is_file():
                 refused[path.name] = "it is not a regular file"
+            elif (size := real.stat().st_size) > MAX_COPIED_BYTES:
+                # no config, tokenizer or code file is this large: a weight or data file in a format
+                # vLLM does not read (a .nemo archive, a .tar), carried nowhere
+                refused[path.name] = f"{size:,} bytes, larger than any file the package carries ({MAX_COPIED_BYTES // 2**20} MiB)"
             else:
                 safe.append(path.name)
         return safe, refused
