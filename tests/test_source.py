@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ascendconv.errors import ConfigError, IndexMismatchError, NotBlockFP8Error, NotCachedError, NotFoundError
+from ascendconv.errors import ConfigError, IndexMismatchError, NotBlockFP8Error, NotCachedError, NotFoundError, StaticActivationError
 from ascendconv.io.hfcache import resolve_source
 from ascendconv.sources import Source
 from ascendconv.sources.hf_fp8_block import parse_block_fp8_config
@@ -64,6 +64,17 @@ def test_quantization_config_under_text_config_and_ignored_layers():
 def test_e4m3_spellings_of_real_configs_are_accepted(fmt):
     config = {"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128], "fmt": fmt}}
     assert parse_block_fp8_config(config, FIXTURES / "config.json").fmt == fmt
+
+
+def test_null_fmt_activation_scheme_and_skip_lists_read_as_absent():
+    # configs dumped from an object whose fields were unset write them null (transformers writes
+    # modules_to_not_convert: null); null is not a static activation scheme nor a non-E4M3 format
+    config = {"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128], "fmt": None,
+                                      "activation_scheme": None, "modules_to_not_convert": None, "scale_fmt": None}}
+    quant = parse_block_fp8_config(config, FIXTURES / "config.json")
+    assert (quant.fmt, quant.activation_scheme, quant.modules_to_not_convert, quant.scale_fmt) == ("e4m3", "dynamic", (), None)
+    with pytest.raises(StaticActivationError, match="'static'"):
+        parse_block_fp8_config({"quantization_config": {**config["quantization_config"], "activation_scheme": "static"}}, FIXTURES)
 
 
 @pytest.mark.parametrize("fmt", ["float8_e5m2", "mxfp8", 3])

@@ -70,12 +70,13 @@ def parse_block_fp8_config(config: dict, config_path: Path) -> BlockFP8Config:
             f"{config_path}: {location} has no weight_block_size (per-tensor FP8 is not block-wise FP8)"
         )
     tile = parse_block_tile(block, f"{config_path}: {location}.weight_block_size")
-    scheme = quant.get("activation_scheme", "dynamic")
+    # a key written null (a config dumped from an object whose field was unset) is the key left out
+    scheme = "dynamic" if quant.get("activation_scheme") is None else quant["activation_scheme"]
     if scheme != "dynamic":
         raise StaticActivationError(
             f"{config_path}: {location}.activation_scheme is {shown(scheme)}: static activation scales; only 'dynamic' is supported"
         )
-    fmt = quant.get("fmt", "e4m3")
+    fmt = "e4m3" if quant.get("fmt") is None else quant["fmt"]
     if not (isinstance(fmt, str) and fmt.lower() in E4M3_SPELLINGS):
         raise NotBlockFP8Error(
             f"{config_path}: {location}.fmt is {shown(fmt)}; only E4M3 weights are supported "
