@@ -333,6 +333,24 @@ def test_malformed_compressed_tensors_configs_are_named(tmp_path, edit, error, w
     assert result.exit_code == 3 and str(src / "config.json") in result.stderr
 
 
+def test_a_mixed_precision_top_level_format_reads_the_groups_own(converted, tmp_path):
+    # compressed-tensors writes "mixed-precision" at the top when the groups name their formats; it
+    # was refused as a format ascendconv does not read, although every group was float-quantized
+    def mixed(config, group_format="float-quantized"):
+        config["quantization_config"]["format"] = "mixed-precision"
+        config["quantization_config"]["config_groups"]["group_0"]["format"] = group_format
+        return config
+
+    src = as_ct(FIXTURES / DENSE, tmp_path / "ct")
+    (src / "config.json").write_text(json.dumps(mixed(json.loads((src / "config.json").read_text()))))
+    assert open_source(src).format == "ct-fp8"
+    convert(src, tmp_path / "out", ConvertOptions())
+    assert package_bytes(tmp_path / "out") == package_bytes(converted(DENSE, "w8a8-mxfp8"))
+    (src / "config.json").write_text(json.dumps(mixed(json.loads((src / "config.json").read_text()), "nvfp4-pack-quantized")))
+    with pytest.raises(UnsupportedSourceError, match="'nvfp4-pack-quantized': NVFP4"):
+        open_source(src)
+
+
 def drop(target):
     return lambda name, entry: {} if name == target else {name: entry}
 

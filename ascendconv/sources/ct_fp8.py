@@ -34,6 +34,7 @@ from ascendconv.sources.hf_fp8_block import fp8_weight_prefix, parse_block_tile
 
 QUANT_METHOD = "compressed-tensors"
 FLOAT_QUANTIZED = "float-quantized"
+CT_MIXED = "mixed-precision"  # the top-level format when the groups name their own
 SCALE_SUFFIX = ".weight_scale"
 SCALE_DTYPES = ("BF16", "F16", "F32")
 STRATEGIES = ("block", "channel", "tensor")
@@ -88,7 +89,7 @@ def parse_ct_fp8_config(config: dict, config_path: Path) -> CtFp8Config:
     quant, location = find_quantization_config(config)
     where = f"{config_path}: {location}"
     assert quant is not None  # accepts() saw it
-    formats = _formats(quant)
+    formats = _formats(quant) - {CT_MIXED}  # each group's weights are checked below, whatever it is called
     for name in sorted(formats - {FLOAT_QUANTIZED}):
         why = OTHER_FORMATS.get(name, "ascendconv does not read this compressed-tensors format")
         raise UnsupportedSourceError(f"{where}.format is {shown(name)}: {why}")

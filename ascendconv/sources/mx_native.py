@@ -45,7 +45,7 @@ from ascendconv.io.files import read_json
 from ascendconv.io.safetensors import TensorEntry
 from ascendconv.sources.base import BIAS_SUFFIX, WEIGHT_SUFFIX, Encoding, Source, SourceFormat, SourceLinear, new_linear
 from ascendconv.sources.checkpoint import Checkpoint, find_quantization_config
-from ascendconv.sources.ct_fp8 import OTHER_FORMATS, _formats, check_ignore
+from ascendconv.sources.ct_fp8 import CT_MIXED, OTHER_FORMATS, _formats, check_ignore
 
 SCALE_SUFFIX = ".weight_scale"
 PACKED_SUFFIX = ".weight_packed"  # compressed-tensors' packed MXFP4 weight
@@ -150,7 +150,6 @@ def mx_source(
 
 CT_METHOD = "compressed-tensors"
 CT_MX_FORMATS = {"mxfp4-pack-quantized": (4, "ct-mxfp4"), "mxfp8-quantized": (8, "ct-mxfp8")}
-CT_MIXED = "mixed-precision"  # the top-level format when the groups name their own
 
 
 @dataclass(frozen=True)
