@@ -140,7 +140,7 @@ DS_V4_MTP_TIED_HEAD_REASON = (
 
 @dataclass(frozen=True)
 class HeadCopy:
-    """A FLOAT tensor the package adds: a byte copy of the source tensor `source`, named `target`.
+    """A FLOAT tensor the package adds: a copy of the source tensor `source` (plan.added_tensor), named `target`.
     `{n}` in `target` stands for each MTP layer's number (DeepSeek / GLM number them after the
     decoder layers). Added only where the source has `source` and lacks `target`; where config.json
     sets tie_word_embeddings, a source without `source` has `tied_source` (the input embedding) copied

@@ -81,8 +81,8 @@ def _int(config: dict, key: str) -> int | None:
 
 @dataclass(frozen=True)
 class AddedTensor:
-    """A tensor the package adds (families.HeadCopy made concrete): `name` is a byte copy of the
-    source tensor `source`, labelled FLOAT."""
+    """A tensor the package adds (families.HeadCopy made concrete): `name` is a copy of the source
+    tensor `source`, labelled FLOAT (its bytes, or a quantized weight's values in BF16: plan.added_tensor)."""
 
     name: str
     source: str

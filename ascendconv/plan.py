@@ -466,10 +466,20 @@ def output_tensors(
         dtype, shape, nbytes, kind, transform, scale, scale_bytes = mx_tensors(written, n, k, linear.native)
         add(OutputTensor(weight, dtype, shape, written, kind, name, nbytes, transform=transform))
         add(OutputTensor(prefix + ".weight_scale", "U8", scale, written, OutputKind.MX_SCALE, name, scale_bytes))
-    for extra in added:
-        entry = tensors[extra.source]
-        add(OutputTensor(extra.name, entry.dtype, entry.shape, FLOAT, OutputKind.COPY, extra.source, entry.nbytes))
+    out += [added_tensor(extra, tensors, linears) for extra in added]
     return out
+
+
+def added_tensor(extra: AddedTensor, tensors: dict[str, TensorEntry], linears: dict[str, SourceLinear]) -> OutputTensor:
+    """The package tensor of an added one: a byte copy of its source tensor, or, when that is the
+    weight of a quantized source linear (an FP8 lm_head or embedding), its values resolved to BF16,
+    as any FLOAT linear's: FP8 bytes under a FLOAT label would not load."""
+    entry = tensors[extra.source]
+    linear = linears.get(extra.source.rpartition(".")[0])
+    if linear is None or linear.weight.name != extra.source or linear.copied_when_float:
+        return OutputTensor(extra.name, entry.dtype, entry.shape, FLOAT, OutputKind.COPY, extra.source, entry.nbytes)
+    n, k = linear.shape
+    return OutputTensor(extra.name, "BF16", (n, k), FLOAT, OutputKind.RESOLVE, extra.source, 2 * n * k)
 
 
 def assign_shards(tensors: list[OutputTensor], max_shard_size: int) -> tuple[list[OutputTensor], list[ShardPlan]]:
@@ -727,7 +737,7 @@ class Planner:
         written[None] = FLOAT
         types = list(map(written.__getitem__, item_groups))
         units = list(map(dict.__getitem__, item_sizes, types))
-        units += [self.tensors[extra.source].nbytes for extra in self.added]
+        units += [added_tensor(extra, self.tensors, self.linears).nbytes for extra in self.added]
         return types, units
 
     def count_shards(self, groups: dict[str, GroupDecision], max_shard_size: int) -> list[tuple[str, int, int]]:

@@ -543,6 +543,51 @@ def test_a_glm5_package_carries_the_drafter_head_and_verify_accepts_it(fixture_c
     assert verify(off, VerifyOptions(source=src)).ok
 
 
+def test_a_drafter_head_copied_from_an_fp8_lm_head_is_its_bf16_values(fixture_copy, tmp_path):
+    """A release whose lm_head is FP8 (E4M3 codes and tile scales): the drafter's head is written as
+    that weight resolved to BF16, as any FLOAT linear is (FP8 bytes under a FLOAT label would not
+    load), and verify compares it with the resolved source; a damaged copy is named."""
+    import numpy as np
+
+    from ascendconv.formats import requantize
+
+    src = _as_glm5(fixture_copy)
+    shard = src / "model-00002-of-00002.safetensors"
+    tensors = load_shard(shard)
+    codes = np.random.default_rng(5).integers(0, 0x7F, (64, 128), dtype=np.uint8)  # no NaN code (0x7F, 0xFF)
+    codes[::3] |= 0x80  # negative values too
+    scale = np.array([[0.0125]], np.float32)
+    tensors["lm_head.weight"] = ("F8_E4M3", (64, 128), codes.tobytes())
+    tensors["lm_head.weight_scale_inv"] = ("F32", (1, 1), scale.tobytes())
+    save_shard(shard, tensors)
+    index = json.loads((src / "model.safetensors.index.json").read_text())
+    index["weight_map"]["lm_head.weight_scale_inv"] = shard.name
+    (src / "model.safetensors.index.json").write_text(json.dumps(index))
+
+    out = tmp_path / "pkg"
+    result = convert(src, out, ConvertOptions(scheme="w8a8-mxfp8"))
+    head = "model.layers.1.shared_head.head.weight"
+    description = json.loads((out / "quant_model_description.json").read_text())
+    assert description[head] == "FLOAT" and description["lm_head.weight"] == "W8A8_MXFP8"
+    package = {}
+    for path in sorted(out.glob("quant_model_weights*.safetensors")):
+        package.update(load_shard(path))
+    want = requantize.resolve_rows_bf16(codes, scale, (128, 128), 0).view(np.uint16).tobytes()
+    assert package[head] == ("BF16", (64, 128), want)
+    assert sum(t.nbytes for t in result.plan.tensors) == result.plan.bytes_out  # counted as placed
+    report = verify(out, VerifyOptions(source=src))
+    assert report.ok, [c for c in report.checks if not c.ok]
+
+    path = next(p for p in sorted(out.glob("quant_model_weights*.safetensors")) if head in load_shard(p))
+    damaged = load_shard(path)
+    dtype, shape, data = damaged[head]
+    damaged[head] = (dtype, shape, data[: 2 * 128 * 7] + bytes([data[2 * 128 * 7] ^ 0x40]) + data[2 * 128 * 7 + 1 :])
+    save_shard(path, damaged)
+    source_check = next(c for c in verify(out, VerifyOptions(source=src, checksums=False)).checks if c.name == "source")
+    assert not source_check.ok
+    assert any(f"{head!r}" in p and "is not the BF16 values of 'lm_head.weight': row 7 differs" in p for p in source_check.problems)
+
+
 def test_verify_source_finds_a_damaged_head_copy(fixture_copy, tmp_path):
     src = _as_glm5(fixture_copy)
     out = tmp_path / "pkg"

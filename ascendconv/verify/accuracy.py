@@ -176,7 +176,7 @@ def _compare_source(
         implied.add(name if linear is None else linear.prefix + ".weight")  # MX sources may name it otherwise
         if linear is not None and lay.label(linear.prefix + ".weight") in MX_TYPES:
             implied.add(linear.prefix + ".weight_scale")
-    # tensors convert added (the MTP drafter's heads): byte copies of the source tensor recorded
+    # tensors convert added (the MTP drafter's heads): copies of the source tensor recorded
     added = {name: source.tensors[src] for name, src in prov.added_tensors.items() if src in source.tensors}
     implied |= set(added)
     for name in sorted(implied - set(lay.tensors)):
@@ -201,6 +201,9 @@ def _compare_source(
 
     def compare(item: tuple[str, TensorEntry]) -> _Compared:
         name, entry = item
+        head = by_weight.get(entry.name) if name != entry.name else None  # an added copy of a linear's weight
+        if head is not None and not head.copied_when_float:
+            return _Compared(source=[p for p in [derive.resolved_copy(reader, head, name)] if p])
         linear = by_weight.get(entry.name) if name == entry.name else None
         if linear is None or (linear.copied_when_float and lay.label(entry.name) == FLOAT):
             return _Compared(source=[p for p in [_compare_plain(lay, reader, source, entry, name)] if p])
@@ -390,10 +393,35 @@ class _Rederive:
         # the types the source's linears were written as (a module unquantized in the source
         # is labeled FLOAT too, but is compared as a copy and needs no kernel)
         kinds = {lay.modules[linear.prefix].label for linear in source.linears.values() if linear.prefix in lay.modules}
-        needed = entry_points(source.linears.values(), bool(kinds & set(MX_TYPES)) and rule is not None, FLOAT in kinds)
+        heads = set(lay.pkg.record.added_tensors.values())  # a head copied from a quantized weight is resolved
+        resolved = FLOAT in kinds or any(linear.weight.name in heads for linear in source.linears.values())
+        needed = entry_points(source.linears.values(), bool(kinds & set(MX_TYPES)) and rule is not None, resolved)
         if kinds & set(MX_TYPES) and (options.exact == "full" or rule is None):
             needed.append("error")  # the error of every row
         kernels.compile_entry_points(needed, notice)
+
+    def resolved_copy(self, reader: TensorReader, linear, name: str) -> str | None:
+        """A tensor convert added from the weight of a quantized linear (an FP8 lm_head copied as the
+        MTP drafter's head): that weight's values resolved to BF16, compared byte for byte."""
+        pkg = self.lay.tensors[name]
+        n, k = linear.shape
+        if pkg.dtype != "BF16" or pkg.shape != (n, k):
+            return (f"{name!r} is {pkg.dtype} {list(pkg.shape)} in the package; as the copy of the quantized "
+                    f"{linear.weight.name!r} it holds that weight's BF16 values, [{n}, {k}]")
+        rows_of = linear_rows(self.kernels, self.source, linear)
+        rows_per_chunk = max(1, (CHUNK_BYTES // 4) // max(k, 1))
+        for r0 in range(0, n, rows_per_chunk):
+            rows = min(rows_per_chunk, n - r0)
+            data = self.source.reader.read_bytes(linear.weight, r0 * rows_of.row_bytes, rows * rows_of.row_bytes)
+            try:
+                want = np.asarray(rows_of.to_bf16(data, r0, rows)).tobytes()
+            except (NonFiniteScaleError, HeaderError) as exc:
+                return exc.message
+            got = bytes(reader.read_bytes(pkg, r0 * 2 * k, rows * 2 * k))
+            if want != got:
+                row = r0 + next(i for i in range(0, len(got), 2) if want[i : i + 2] != got[i : i + 2]) // (2 * k)
+                return f"{name!r} ({pkg.path.name}) is not the BF16 values of {linear.weight.name!r}: row {row} differs"
+        return None
 
     def linear(self, reader: TensorReader, linear, module: _Module) -> _Compared:
         """A source linear compared as its row operations say (sources/rows.py): in bands of tile
