@@ -71,7 +71,7 @@ class AssembleResult:
 
 
 def read_part(directory: Path) -> Part:
-    if not directory.is_dir():
+    if not os.path.isdir(directory):  # not Path.is_dir: it raises for a name too long to exist
         raise NotFoundError(f"{directory}: no such directory")
     path = directory / PART_MANIFEST_NAME
     manifest = read_json_object(path, PartError) if os.path.lexists(path) else None

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Callable
 
 from ascendconv.ascendv1 import DESCRIPTION_NAME
-from ascendconv.errors import BadOptionError, CopiedFileError, InputError
-from ascendconv.io.files import file_size, mapped_reads_guarded
+from ascendconv.errors import BadOptionError, CopiedFileError, InputError, UnrecognizedCheckpointError, shown
+from ascendconv.io.files import file_size, is_text, mapped_reads_guarded
 from ascendconv.io.package import refuse_package_as_source
 from ascendconv.io.outdir import STAGING_TAG, StagedOutput, check_output, interruptible, stale_siblings
 from ascendconv.io.output import check_free_space, check_output_path, output_errors, space_needed
@@ -77,7 +77,20 @@ def plan_for(source: Source, options: ConvertOptions) -> Plan:
     check_overrides(plan, options)
     check_deployment(source, plan)
     check_config_carried(source, plan)
+    check_shard_names(source)
     return plan
+
+
+def check_shard_names(source: Source) -> None:
+    """The provenance (JSON, UTF-8) records each source shard by name, and verify --source finds the
+    shard by it: a name that is not UTF-8 (bytes of another encoding) is refused before anything is written."""
+    for header in source.headers:
+        if not is_text(header.path.name):
+            raise UnrecognizedCheckpointError(
+                f"{source.root}: shard {shown(header.path.name)} has a name that is not UTF-8, which the package's "
+                "provenance cannot record",
+                "rename the shard to a UTF-8 name (and its entries in model.safetensors.index.json, if any)",
+            )
 
 
 def check_config_carried(source: Source, plan: Plan) -> None:

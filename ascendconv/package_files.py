@@ -142,6 +142,12 @@ def write_package_files(
     dump_json(staging / PROVENANCE_NAME, provenance.document(digests, sizes, files, package_date(), reads))
 
 
+def recorded_name(name: str) -> str:
+    """A file name as the provenance (JSON, UTF-8) records it: bytes of another encoding, which Python
+    holds as lone surrogates that no UTF-8 file can hold, become U+FFFD."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
 def provenance_record(source: Source, plan: Plan, kernel: str, options: ConvertOptions) -> ProvenanceRecord:
     """What the package's provenance says besides the date and the shard checksums."""
     _, location = find_quantization_config(source.config)
@@ -152,7 +158,7 @@ def provenance_record(source: Source, plan: Plan, kernel: str, options: ConvertO
     return ProvenanceRecord(
         tool="ascendconv",
         version=__version__,
-        source=SourceRecord(source.root.name, source.format, location, source.params, files),
+        source=SourceRecord(recorded_name(source.root.name), source.format, location, source.params, files),
         scheme=plan.scheme,
         scale_rule=plan.scale_rule,
         resolve_dtype=plan.resolve_dtype,
@@ -167,7 +173,7 @@ def provenance_record(source: Source, plan: Plan, kernel: str, options: ConvertO
             "shared_experts_as_routed": plan.deployment.shared_experts_as_routed,
         },
         overrides=tuple(f"{o.glob}={o.quant_type}" for o in options.overrides),
-        command=convert_command(f"{repo[0]}@{repo[1]}" if repo else source.root.name, options),
+        command=convert_command(f"{repo[0]}@{repo[1]}" if repo else recorded_name(source.root.name), options),
         added_tensors={added.name: added.to_dict() for added in plan.added},
     )
 

@@ -30,7 +30,7 @@ def check_report_path(path: Path, package: Path) -> str:
     kind = SUFFIXES.get(path.suffix.lower())
     if kind is None:
         raise BadOptionError(f"--report {path}: the name must end in .html or .md", "e.g. --report verify.html")
-    if path.is_dir():
+    if os.path.isdir(path):  # not Path.is_dir: it raises for a name too long to exist
         raise BadOptionError(f"--report {path}: is a directory", "name a file, e.g. --report verify.html")
     if Path(os.path.realpath(path)).parent == Path(os.path.realpath(package)):
         raise BadOptionError(

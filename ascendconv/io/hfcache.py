@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import re
 from pathlib import Path
 
 from ascendconv.errors import NotCachedError, NotFoundError, UnrecognizedCheckpointError
 from ascendconv.io.files import read_regular_bytes
+from ascendconv.io.output import existing_ancestor
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?$")
 # A revision is a branch or tag (which may hold '/') or a commit; never a path that climbs out.
@@ -25,11 +28,33 @@ def hub_cache_dir() -> Path:
     return Path.home() / ".cache" / "huggingface" / "hub"
 
 
+def _too_long(path: Path) -> str | None:
+    """Why `path` cannot exist when its name, or the whole path, is longer than the file system
+    allows (stat() then fails with ENAMETOOLONG rather than ENOENT), else None."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno != errno.ENAMETOOLONG:
+            return None
+    else:
+        return None
+    longest = max(path.parts, key=lambda part: len(os.fsencode(part)), default="")
+    name_max = 255
+    with contextlib.suppress(OSError, ValueError):
+        name_max = os.pathconf(existing_ancestor(path), "PC_NAME_MAX")
+    if len(os.fsencode(longest)) > name_max:
+        return f"a name of {len(os.fsencode(longest))} bytes; this file system allows {name_max}"
+    return f"a path of {len(os.fsencode(os.path.abspath(path)))} bytes, longer than the system allows"
+
+
 def _nearby(path: Path) -> str:
     """A hint naming the directory beside `path` whose name is closest to its name."""
     import difflib
 
-    if not path.parent.is_dir():
+    too_long = _too_long(path)
+    if too_long:
+        return f"{too_long}: no such directory can exist; check the path"
+    if not os.path.isdir(path.parent):
         return f"{path.parent} is no directory either; pass a checkpoint directory or a cached repo id"
     try:
         names = sorted(p.name for p in path.parent.iterdir() if p.is_dir())
@@ -45,7 +70,7 @@ def local_directory(text: str | os.PathLike, command: str) -> Path:
     """A directory given on the command line: a file is refused naming `command`, a missing path
     with the closest directory beside it (the one every command's mistyped path gets)."""
     path = Path(text).expanduser()
-    if path.is_dir():
+    if os.path.isdir(path):  # not Path.is_dir: it raises for a name too long to exist
         return path
     if os.path.lexists(path):
         what = "is a file" if path.is_file() else "is not a directory"
@@ -56,7 +81,7 @@ def local_directory(text: str | os.PathLike, command: str) -> Path:
 def resolve_source(text: str) -> Path:
     """A local directory as it is; otherwise `org/name[@revision]` looked up in the HF cache."""
     path = Path(text).expanduser()
-    if path.exists():
+    if os.path.exists(path):  # not Path.exists: it raises for a name too long to exist
         return path
     if not REPO_ID.match(text) or text.startswith((".", "/", "~")):
         raise NotFoundError(f"{text}: no such directory", _nearby(path))
@@ -66,8 +91,8 @@ def resolve_source(text: str) -> Path:
     cache = hub_cache_dir()
     repo_dir = cache / ("models--" + repo.replace("/", "--"))
     snapshots = repo_dir / "snapshots"
-    if not snapshots.is_dir():
-        if path.parent.is_dir():  # a local path mistyped, most likely
+    if not os.path.isdir(snapshots):
+        if os.path.isdir(path.parent):  # a local path mistyped, most likely
             raise NotFoundError(f"{text}: no such directory (nor a repo id in the Hugging Face cache)", _nearby(path))
         raise NotCachedError(f"{text}: not a local directory and not in the Hugging Face cache at {cache}")
     revision = revision or "main"
@@ -79,9 +104,9 @@ def resolve_source(text: str) -> Path:
         raise NotCachedError(f"{text}: {ref} does not hold a commit hash", "the cache is damaged; download again")
     snapshot = snapshots / commit
     # a snapshot links its files into the cache's blobs, but is itself a directory of the cache
-    if snapshot.is_symlink() or Path(os.path.realpath(snapshot)).parent != Path(os.path.realpath(snapshots)):
+    if os.path.islink(snapshot) or Path(os.path.realpath(snapshot)).parent != Path(os.path.realpath(snapshots)):
         raise NotCachedError(f"{text}: {snapshot} is not a snapshot directory of the cache")
-    if not snapshot.is_dir():
+    if not os.path.isdir(snapshot):
         available = sorted(p.name for p in snapshots.iterdir())
         raise NotCachedError(
             f"{text}: revision {revision!r} is not in the cache at {repo_dir}"

@@ -20,7 +20,7 @@ from ascendconv.errors import (
     UnsupportedTensorError,
     shown,
 )
-from ascendconv.io.files import MAX_COPIED_BYTES, is_regular, is_within, read_json
+from ascendconv.io.files import MAX_COPIED_BYTES, is_regular, is_text, is_within, read_json
 from ascendconv.io.safetensors import SafetensorsHeader, TensorEntry, TensorReader, read_header
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -65,7 +65,7 @@ def find_quantization_config(config: dict) -> tuple[dict | None, str]:
 
 def load_config(root: Path) -> tuple[dict, Path]:
     path = root / "config.json"
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise UnrecognizedCheckpointError(f"{root}: no config.json")
     config = read_json(path, ConfigError)
     if not isinstance(config, dict):
@@ -112,7 +112,13 @@ def discover_shards(root: Path, index_name: str = INDEX_NAME) -> tuple[list[Path
                     f"(first: {shown(users[0])}) but {found} in {root}"
                 )
         return [root / n for n in names], weight_map
-    shards = sorted(p for p in root.glob("*.safetensors") if is_regular(p))
+    shards = sorted(root.glob("*.safetensors"))
+    for shard in shards:
+        # a dangling link (an unfinished download, a link farm whose file is gone), a FIFO: skipped,
+        # it would leave its tensors silently out of the package
+        if not is_regular(shard):
+            found = "is not a regular file" if os.path.exists(shard) else "is a symbolic link to a file that does not exist"
+            raise MissingShardError(f"{root}: shard {shown(shard.name)} {found}")
     return shards, None
 
 
@@ -232,6 +238,8 @@ class Checkpoint:
                 refused[path.name] = f"it links outside the source directory (to {real})"
             elif not real.is_file():
                 refused[path.name] = "it is not a regular file"
+            elif not is_text(path.name):  # the package's provenance (JSON, UTF-8) could not name it
+                refused[path.name] = "its name is not UTF-8"
             elif (size := real.stat().st_size) > MAX_COPIED_BYTES:
                 # no config, tokenizer or code file is this large: a weight or data file in a format
                 # vLLM does not read (a .nemo archive, a .tar), carried nowhere

@@ -1,0 +1,138 @@
+"""Odd but possible file-system conditions on the input side: names too long to exist, entries that
+are not the regular files they stand for, and names that are not UTF-8. Each is a named error (or a
+file left out, with why), never a traceback, and never a package missing what it should hold."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+from ascendconv.cli import app
+from conftest import FIXTURES
+
+runner = CliRunner()
+DENSE, MOE = "qwen3-dense-fp8", "qwen3-moe-fp8"
+NOT_UTF8 = os.fsdecode(b"\xff")  # the byte 0xFF in a name, as Python holds it: '\udcff'
+
+
+def envelope(*args, code: int | None = None) -> dict:
+    result = runner.invoke(app, [*map(str, args), "--json"])
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    data = json.loads(result.stdout)
+    if code is not None:
+        assert (result.exit_code, data.get("exit_code", 0)) == (code, code), result.stdout
+    return data
+
+
+def copy(name: str, target) -> "os.PathLike":
+    shutil.copytree(FIXTURES / name, target)
+    return target
+
+
+@pytest.mark.parametrize("command", ["inspect", "verify", "convert", "convert --source", "verify --source", "assemble"])
+def test_an_input_name_too_long_to_exist_is_not_found(tmp_path, command):
+    long = tmp_path / ("a" * 300)
+    args = {
+        "inspect": ["inspect", long],
+        "verify": ["verify", long],
+        "convert": ["convert", long, tmp_path / "out"],
+        "convert --source": ["convert", long, tmp_path / "out", "--dry-run"],
+        "verify --source": ["verify", FIXTURES / DENSE, "--source", long],  # the source is resolved first
+        "assemble": ["assemble", tmp_path / "out", long],
+    }[command]
+    data = envelope(*args, code=3)
+    assert data["error"] == "NotFoundError" and data["message"].endswith(": no such directory"), data
+    if command != "assemble":
+        assert data["hint"] == "a name of 300 bytes; this file system allows 255: no such directory can exist; check the path"
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_report_name_too_long_to_write_is_refused_before_the_checks(converted, tmp_path):
+    report = tmp_path / ("r" * 300 + ".html")
+    data = envelope("verify", converted(DENSE), "--report", report, code=2)
+    assert data["error"] == "OutputPathError" and "cannot be written (File name too long)" in data["message"]
+
+
+@pytest.mark.parametrize("kind", ["dangling link", "FIFO", "directory"])
+def test_a_shard_that_is_no_regular_file_without_an_index_is_missing(tmp_path, kind):
+    """Without an index the shards are the *.safetensors files: one that is a dangling link (a
+    download not finished) was skipped, and the package came out without its tensors (lm_head and
+    the final norm here), verify --source passing it."""
+    src = copy(MOE, tmp_path / "src")
+    (src / "model.safetensors.index.json").unlink()
+    shard = src / "model-00003-of-00003.safetensors"
+    shard.unlink()
+    if kind == "dangling link":
+        shard.symlink_to(tmp_path / "blob-not-downloaded")
+    elif kind == "FIFO":
+        os.mkfifo(shard)
+    else:
+        shard.mkdir()
+    found = "is a symbolic link to a file that does not exist" if kind == "dangling link" else "is not a regular file"
+    for args in (["convert", src, tmp_path / "out"], ["inspect", src]):
+        data = envelope(*args, code=3)
+        assert data["error"] == "MissingShardError"
+        assert data["message"] == f"{src}: shard 'model-00003-of-00003.safetensors' {found}"
+        assert data["hint"] == "the download is incomplete; fetch the missing shard"
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("kind", ["directory", "link loop", "dangling link"])
+def test_a_config_json_that_is_no_regular_file_is_named_as_such(tmp_path, kind):
+    """It was "no config.json", with the hint to pass a directory holding one: the directory holds one."""
+    src = copy(DENSE, tmp_path / "src")
+    config = src / "config.json"
+    config.unlink()
+    if kind == "directory":
+        config.mkdir()
+    elif kind == "link loop":
+        config.symlink_to(src / "loop")
+        (src / "loop").symlink_to(config)
+    else:
+        config.symlink_to(tmp_path / "gone.json")
+    why = {
+        "directory": "is a directory, not a regular file",
+        "link loop": "cannot read (Too many levels of symbolic links)",
+        "dangling link": "cannot read (No such file or directory)",
+    }[kind]
+    data = envelope("inspect", src, code=3)
+    assert (data["error"], data["message"]) == ("ConfigError", f"{config}: {why}")
+
+
+def test_a_shard_name_not_utf8_is_refused_before_anything_is_written(tmp_path):
+    """The provenance, UTF-8 JSON, names each source shard: the run ended in a UnicodeEncodeError
+    traceback (exit 1). inspect, which writes nothing, still reads the checkpoint."""
+    src = copy(DENSE, tmp_path / "src")
+    os.rename(src / "model.safetensors", src / f"model{NOT_UTF8}.safetensors")
+    for extra in ([], ["--dry-run"]):
+        data = envelope("convert", src, tmp_path / "out", *extra, code=3)
+        assert data["error"] == "UnrecognizedCheckpointError"
+        assert data["message"] == (
+            f"{src}: shard 'model\\udcff.safetensors' has a name that is not UTF-8, which the package's provenance cannot record"
+        )
+        assert data["hint"].startswith("rename the shard to a UTF-8 name")
+    assert not (tmp_path / "out").exists()
+    assert envelope("inspect", src, code=0)["ok"] is True
+
+
+def test_a_companion_file_named_not_utf8_is_left_out_with_why(tmp_path):
+    src = copy(DENSE, tmp_path / "src")
+    (src / f"notes{NOT_UTF8}.json").write_text("{}")
+    data = envelope("convert", src, tmp_path / "out", code=0)
+    assert "notes\udcff.json is not carried into the package: its name is not UTF-8" in data["warnings"]
+    assert not any(name.startswith("notes") for name in os.listdir(tmp_path / "out"))
+    assert envelope("verify", tmp_path / "out", "--source", src, code=0)["ok"] is True
+
+
+def test_a_source_directory_named_not_utf8_converts_and_verifies(tmp_path):
+    src = copy(DENSE, tmp_path / f"dense{NOT_UTF8}")
+    out = tmp_path / "out"
+    envelope("convert", src, out, code=0)
+    provenance = json.loads((out / "ascendconv_provenance.json").read_text(encoding="utf-8"))
+    assert provenance["source"]["name"] == "dense\ufffd"
+    assert provenance["command"].startswith("ascendconv convert 'dense\ufffd' OUT ")
+    assert envelope("verify", out, "--source", src, code=0)["ok"] is True
