@@ -33,7 +33,7 @@ from ascendconv.errors import (
 from ascendconv.io.outdir import StagedOutput, check_output, interruptible
 from ascendconv.io.output import check_free_space, check_output_path, existing_ancestor, output_errors, space_needed
 from ascendconv.io.checksum import CHECKSUM, hashed_file
-from ascendconv.io.files import COPY_CHUNK, copy_regular, create_new, file_size, is_text, open_regular, read_json_object
+from ascendconv.io.files import COPY_CHUNK, copy_regular, create_new, file_size, is_text, is_within, open_regular, read_json_object
 from ascendconv.parts import PART_FORMAT, assign_parts
 from ascendconv.ascendv1 import DESCRIPTION_NAME, PART_MANIFEST_NAME, PROVENANCE_NAME
 from ascendconv.resume import differences, fingerprint
@@ -259,6 +259,10 @@ def space_to_assemble(out: Path, parts: list[Part]) -> int:
     return space_needed([], copied, small)
 
 
+def _nested(a: Path, b: Path) -> bool:
+    return is_within(a, b) or is_within(b, a)
+
+
 def assemble(
     out: str | os.PathLike,
     directories: list[str | os.PathLike],
@@ -273,7 +277,10 @@ def assemble(
         parts = checked.parts
 
         def check() -> None:
-            for part in parts:
+            # a part that is OUT, holds it or lies in it first: its refusal is the one that applies, where
+            # another part's check would stop at "exists and is not empty" and suggest --overwrite
+            real_out = Path(os.path.realpath(out))
+            for part in sorted(parts, key=lambda part: not _nested(real_out, Path(os.path.realpath(part.directory)))):
                 check_output(out, part.directory, overwrite, DESCRIPTION_NAME, "part")
 
         check_output_path(out)

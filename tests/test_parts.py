@@ -182,3 +182,21 @@ def test_more_parts_than_shards_is_refused_before_any_work(converted, tmp_path):
         app, ["convert", str(FIXTURES / "qwen3-dense-fp8"), str(tmp_path / "p"), "--part", "1/1000000000000", "--quiet"]
     )
     assert result.exit_code == 2 and "1000000000000 parts" in result.stderr and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("where, code, error, message, hint", [
+    ("a part", "OutputExistsError", 2, "{out}: the output directory is the part directory", "choose an OUT other than the part"),
+    ("in a part", "UnsafeOutputError", 2, "{out}: the output directory lies inside the part {part}",
+     "choose a new or empty directory outside the part"),
+])
+def test_an_out_that_is_or_lies_in_a_part_is_named_whichever_part_comes_first(dense_parts, tmp_path, where, code, error, message, hint):
+    """OUT = the last part given was checked against the first part first: "exists and is not
+    empty", hint "pass --overwrite", which then refused it as the part directory."""
+    parts = [copy_part(dense_parts["dense", i], tmp_path / f"p{i}") for i in (1, 2, 3)]
+    out = parts[2] if where == "a part" else parts[2] / "sub"
+    before = tree(parts[2])
+    result = runner.invoke(app, ["assemble", str(out), *map(str, parts), "--json"])
+    data = json.loads(result.stdout)
+    assert (result.exit_code, data["error"]) == (error, code)
+    assert (data["message"], data["hint"]) == (message.format(out=out, part=parts[2]), hint)
+    assert tree(parts[2]) == before

@@ -59,9 +59,11 @@ def check_output(out: Path, source_root: Path, overwrite: bool, marker: str, sou
     if real_out == real_src:  # --overwrite cannot help: the source is never replaced
         raise OutputExistsError(f"{shown}: the output directory is the {source} directory", f"choose an OUT other than the {source}")
     if is_within(real_src, real_out):
-        raise UnsafeOutputError(f"{shown}: the output directory contains the {source} {source_root}")
+        raise UnsafeOutputError(f"{shown}: the output directory contains the {source} {source_root}",
+                                 f"choose a new or empty directory outside the {source}")
     if is_within(real_out, real_src):
-        raise UnsafeOutputError(f"{shown}: the output directory lies inside the {source} {source_root}")
+        raise UnsafeOutputError(f"{shown}: the output directory lies inside the {source} {source_root}",
+                                 f"choose a new or empty directory outside the {source}")
     if out.is_symlink():
         raise UnsafeOutputError(f"{out}: is a symbolic link to {os.readlink(out)}", "pass the real path as OUT")
     if not out.exists():
