@@ -136,3 +136,18 @@ def test_a_source_directory_named_not_utf8_converts_and_verifies(tmp_path):
     assert provenance["source"]["name"] == "dense\ufffd"
     assert provenance["command"].startswith("ascendconv convert 'dense\ufffd' OUT ")
     assert envelope("verify", out, "--source", src, code=0)["ok"] is True
+
+
+@pytest.mark.parametrize("command", ["inspect", "verify", "convert"])
+@pytest.mark.parametrize("kind", ["dangling", "loop"])
+def test_a_path_that_is_a_broken_link_is_named_as_one(tmp_path, command, kind):
+    """It was "no such directory", hinted "TMP holds no directory of that name" (inspect, convert) or
+    "is not a directory" with "did you mean TMP?", the parent (verify)."""
+    link = tmp_path / "model"
+    target = tmp_path / "gone" if kind == "dangling" else tmp_path / "other"
+    link.symlink_to(target)
+    if kind == "loop":
+        target.symlink_to(link)
+    data = envelope(command, link, *([tmp_path / "out"] if command == "convert" else []), code=3)
+    assert (data["error"], data["message"]) == ("NotFoundError", f"{link}: no such directory")
+    assert data["hint"] == f"{link} is a symbolic link to {target}, which leads to no directory; fix the link"

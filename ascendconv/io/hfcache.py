@@ -54,6 +54,9 @@ def _nearby(path: Path) -> str:
     too_long = _too_long(path)
     if too_long:
         return f"{too_long}: no such directory can exist; check the path"
+    if os.path.islink(path):  # dangling, or a loop: "no directory of that name" would be untrue
+        with contextlib.suppress(OSError):
+            return f"{path} is a symbolic link to {os.readlink(path)}, which leads to no directory; fix the link"
     if not os.path.isdir(path.parent):
         return f"{path.parent} is no directory either; pass a checkpoint directory or a cached repo id"
     try:
@@ -72,7 +75,7 @@ def local_directory(text: str | os.PathLike, command: str) -> Path:
     path = Path(text).expanduser()
     if os.path.isdir(path):  # not Path.is_dir: it raises for a name too long to exist
         return path
-    if os.path.lexists(path):
+    if os.path.exists(path) or (os.path.lexists(path) and not os.path.islink(path)):  # a dangling link: not found
         what = "is a file" if path.is_file() else "is not a directory"
         raise UnrecognizedCheckpointError(f"{text}: {what}; {command} takes a directory", f"did you mean {path.parent}?")
     raise NotFoundError(f"{text}: no such directory", _nearby(path))
