@@ -151,3 +151,19 @@ def test_a_path_that_is_a_broken_link_is_named_as_one(tmp_path, command, kind):
     data = envelope(command, link, *([tmp_path / "out"] if command == "convert" else []), code=3)
     assert (data["error"], data["message"]) == ("NotFoundError", f"{link}: no such directory")
     assert data["hint"] == f"{link} is a symbolic link to {target}, which leads to no directory; fix the link"
+
+
+def test_a_float_checkpoint_without_a_linear_is_named(tmp_path):
+    """NoQuantizableLinearError had no test: a config without quantization_config, and only a norm
+    (inspect reports such a checkpoint; convert refuses it)."""
+    from robust_helpers import save_tensors
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps({"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]}))
+    save_tensors(src / "model.safetensors", {"model.norm.weight": ("BF16", (4,), bytes(8))})
+    for args in (["convert", src, tmp_path / "out"], ["convert", src, tmp_path / "out", "--dry-run"]):
+        data = envelope(*args, code=3)
+        assert data["error"] == "NoQuantizableLinearError"
+        assert data["message"].startswith(f"{src}: no quantizable float linear")
+    assert not (tmp_path / "out").exists()
