@@ -313,6 +313,19 @@ def unreadable(exc: PermissionError) -> UnreadableInputError:
     return UnreadableInputError(f"{clip(str(where))}: cannot be read ({exc.strerror or 'permission denied'})")
 
 
+class FileSystemError(EnvironmentProblem):
+    """An operating-system error no check foresaw (an I/O error of the disk, a file system that
+    refuses an operation), named instead of ending in a traceback."""
+
+    default_hint = "check the path and the disk it is on (dmesg for I/O errors), then run the command again"
+
+
+def file_system_error(exc: OSError) -> FileSystemError:
+    """An unforeseen OSError as the named error naming the path and the system's words."""
+    where = " -> ".join(clip(str(f)) for f in (exc.filename, exc.filename2) if f is not None) or "a file"
+    return FileSystemError(f"{where}: {exc.strerror or exc}")
+
+
 class OutputWriteError(EnvironmentProblem):
     default_hint = "free space, raise the file-size limit or choose another OUT; nothing was left at OUT"
 

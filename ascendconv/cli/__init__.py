@@ -22,7 +22,7 @@ from typer.core import TyperGroup
 from ascendconv import __version__
 from ascendconv.cli.console import err, leave_broken_pipe, out
 from ascendconv.cli.envelope import dump_envelope, error_envelope, usage_hint
-from ascendconv.errors import EXIT_INTERRUPTED, AscendconvError, Interrupted, out_of_memory, unreadable
+from ascendconv.errors import EXIT_INTERRUPTED, AscendconvError, Interrupted, file_system_error, out_of_memory, unreadable
 
 # At exit the interpreter's last garbage collection walks every object still alive, numba's type
 # system included: 0.11 s of a 0.63 s convert of the sample, 0.03 s of a 0.15 s verify. Objects frozen
@@ -111,6 +111,12 @@ def run(action: Callable[[], object], as_json: bool, command: str) -> object:
         raise typer.Exit(exc.exit_code)
     except PermissionError as exc:  # an input this user may not read: a directory without x, a file without r
         named = unreadable(exc)
+        report_error(named, as_json, command)
+        raise typer.Exit(named.exit_code)
+    except OSError as exc:
+        if isinstance(exc, BrokenPipeError):  # stdout's reader left: CommandLine.invoke exits 141
+            raise
+        named = file_system_error(exc)
         report_error(named, as_json, command)
         raise typer.Exit(named.exit_code)
     except KeyboardInterrupt as exc:
