@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from ascendconv.ascendv1 import QUANT_TYPES, RANK, SCHEME_ROWS, SCHEME_TABLE
 from ascendconv.errors import BadOptionError
 from ascendconv.formats.constants import FLOAT
-from ascendconv.models import ModelRules, rules_for
+from ascendconv.models import EMBEDDING_REASON, ModelRules, rules_for
 
 if TYPE_CHECKING:  # an annotation only: the CLI imports this module and need not load the source reader
     from ascendconv.sources import SourceLinear
@@ -343,6 +343,12 @@ def decide_groups(
         for key, i in shape.firsts.items():
             fact = facts[members[i]]
             want = requested_type(members[i], scheme, overrides, fact.kept_float, fact.routed, fact.native)
+            if want[0] != FLOAT and fact.kept_float == EMBEDDING_REASON:  # only an --override asks it
+                raise BadOptionError(
+                    f"{want[1]} would write {members[i]} as {want[0]}, but it is an input embedding: vLLM looks "
+                    "its rows up, and vllm-ascend has no MX embedding lookup, so the package would not load",
+                    "narrow the GLOB to leave the embedding FLOAT",
+                )
             asked[key] = want, best_feasible(want[0], fact.k, fact.routed, fact.k_label)
         lowest = min((fit[0] for _, fit in asked.values()), key=RANK.__getitem__)
         group_type = common_type(lowest, shape.fits)

@@ -217,6 +217,19 @@ def test_an_fp8_input_embedding_stays_float_in_every_spelling_and_an_fp8_lm_head
         }
 
 
+@pytest.mark.parametrize("glob", ["model.embed_tokens", "*", "*embed*"])
+def test_an_override_quantizing_an_input_embedding_is_refused(glob):
+    # the package it asks for cannot run: vllm-ascend has no MX embedding lookup
+    spec = {**fp8("model.embed_tokens", 64, 256), **fp8("lm_head", 64, 256)}
+    with pytest.raises(BadOptionError, match="is an input embedding: vLLM looks its rows up") as caught:
+        plan_of(spec, overrides=[Override.parse(f"{glob}=W8A8_MXFP8")])
+    assert f"--override {glob}=W8A8_MXFP8 would write model.embed_tokens as W8A8_MXFP8" in caught.value.message
+    assert caught.value.hint == "narrow the GLOB to leave the embedding FLOAT"
+    assert written(plan_of(spec, overrides=[Override.parse("lm_head=W4A8_MXFP")])) == {
+        "model.embed_tokens": "FLOAT", "lm_head": "W4A8_MXFP"
+    }
+
+
 def test_bias_of_an_mx_layer_becomes_float32():
     spec = fp8("m.o_proj", 256, 256)
     spec["m.o_proj.bias"] = ("BF16", (256,))

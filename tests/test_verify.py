@@ -467,6 +467,17 @@ def test_description_group_size_and_model_quant_type(package):
     assert "model_quant_type is 'W4A8_MXFP' but the highest type present is 'W8A8_MXFP8'" in text
 
 
+def test_an_input_embedding_described_as_mx_is_named(package):
+    pkg = package()
+    desc = read_json(pkg / DESCRIPTION)
+    desc["model.embed_tokens.weight"] = "W8A8_MXFP8"
+    write_json(pkg / DESCRIPTION, desc)
+    report = verify(pkg)
+    assert "description" in failed(report)
+    assert ("'model.embed_tokens.weight' is labelled W8A8_MXFP8: an input embedding, whose rows vLLM looks up, and "
+            "vllm-ascend has no MX embedding lookup") in problems(report, "description")
+
+
 def test_description_missing_an_entry(package):
     pkg = package()
     desc = read_json(pkg / DESCRIPTION)

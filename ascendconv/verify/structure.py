@@ -27,7 +27,7 @@ from ascendconv.decide import (
     packed_group,
     rank_k,
 )
-from ascendconv.models import ModelRules, config_value, heads_problem
+from ascendconv.models import EMBEDDING_NAMES, ModelRules, config_value, heads_problem
 from ascendconv.verify.checks import make_check, skip_check
 from ascendconv.verify.layout import _Layout
 from ascendconv.verify.report import Check
@@ -143,6 +143,9 @@ def check_description(lay: _Layout) -> Check:
         labels.append(label)
         if label in MX_TYPES and not (name.endswith(".weight") or name.endswith(".weight_scale")):
             problems.append(f"{shown(name)} is labelled {label}, but only P.weight and P.weight_scale carry MX types")
+        elif label in MX_TYPES and name.endswith(".weight") and name[: -len(".weight")].rpartition(".")[2] in EMBEDDING_NAMES:
+            problems.append(f"{shown(name)} is labelled {label}: an input embedding, whose rows vLLM looks up, "
+                            "and vllm-ascend has no MX embedding lookup (convert writes it FLOAT)")
     expected = max(labels, key=RANK.__getitem__) if labels else FLOAT
     found = fields.get("model_quant_type")
     if found != expected:
