@@ -56,6 +56,8 @@ def heads_problem(config: dict, tp: int) -> str | None:
     heads = config_value(config, "num_attention_heads")
     if type(heads) is int and heads > 0 and heads % tp:
         return f"config.json: {heads} attention heads do not divide over {tp} ranks, and vLLM refuses such a deployment"
+    if heads is not None and tp > 1 and not (type(heads) is int and heads > 0):  # absent: nothing to hold it to
+        return f"config.json: num_attention_heads is {shown(heads)}, not a count of heads: vLLM cannot split the model over {tp} ranks"
     return None
 
 

@@ -849,6 +849,19 @@ def test_a_tp_that_does_not_divide_the_attention_heads_is_refused_as_vllm_refuse
     assert convert(root, tmp_path / "out", ConvertOptions(deployment=Deployment(tp=8)), dry_run=True).plan.deployment.tp == 8
 
 
+@pytest.mark.parametrize("heads", [float("nan"), "32", 0, -4, True])
+def test_a_head_count_that_is_not_a_count_is_refused_at_a_tp_above_1(fixture_copy, tmp_path, heads):
+    root = fixture_copy("qwen3-dense-fp8")
+    config = json.loads((root / "config.json").read_text())
+    config["num_attention_heads"] = heads
+    (root / "config.json").write_text(json.dumps(config))
+    with pytest.raises(BadOptionError) as refused:
+        convert(root, tmp_path / "out", ConvertOptions(deployment=Deployment(tp=2)), dry_run=True)
+    assert "num_attention_heads is" in refused.value.message and "not a count of heads" in refused.value.message
+    assert refused.value.hint == "fix num_attention_heads in config.json"
+    assert convert(root, tmp_path / "out", ConvertOptions(), dry_run=True).plan.deployment.tp == 1  # no split, nothing to hold
+
+
 def test_verify_names_a_tp_that_does_not_divide_the_attention_heads(tmp_path):
     out = tmp_path / "dense"
     convert(FIXTURES / "qwen3-dense-fp8", out, ConvertOptions())  # 2 attention heads

@@ -77,6 +77,16 @@ def test_null_fmt_activation_scheme_and_skip_lists_read_as_absent():
         parse_block_fp8_config({"quantization_config": {**config["quantization_config"], "activation_scheme": "static"}}, FIXTURES)
 
 
+@pytest.mark.parametrize("scheme, error", [("Static", StaticActivationError), (float("nan"), ConfigError), ("dynamc", ConfigError), (1, ConfigError)])
+def test_an_activation_scheme_is_read_as_dynamic_static_or_named_as_neither(scheme, error):
+    base = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    assert parse_block_fp8_config({"quantization_config": {**base, "activation_scheme": "Dynamic"}}, FIXTURES).block == (128, 128)
+    with pytest.raises(error) as caught:
+        parse_block_fp8_config({"quantization_config": {**base, "activation_scheme": scheme}}, FIXTURES / "config.json")
+    static = "static activation scales" in caught.value.message
+    assert static == (error is StaticActivationError)
+
+
 @pytest.mark.parametrize("fmt", ["float8_e5m2", "mxfp8", 3])
 def test_fmt_that_is_not_e4m3_is_refused(fmt):
     config = {"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128], "fmt": fmt}}

@@ -72,9 +72,15 @@ def parse_block_fp8_config(config: dict, config_path: Path) -> BlockFP8Config:
     tile = parse_block_tile(block, f"{config_path}: {location}.weight_block_size")
     # a key written null (a config dumped from an object whose field was unset) is the key left out
     scheme = "dynamic" if quant.get("activation_scheme") is None else quant["activation_scheme"]
-    if scheme != "dynamic":
+    spelled = scheme.lower() if isinstance(scheme, str) else scheme
+    if spelled == "static":
         raise StaticActivationError(
             f"{config_path}: {location}.activation_scheme is {shown(scheme)}: static activation scales; only 'dynamic' is supported"
+        )
+    if spelled != "dynamic":  # not a scheme at all (NaN, a number, a misspelling): not told for a static one
+        raise ConfigError(
+            f"{config_path}: {location}.activation_scheme is {shown(scheme)}, expected 'dynamic' (or 'static', which is not supported)",
+            "fix config.json's activation_scheme, or download it again",
         )
     fmt = "e4m3" if quant.get("fmt") is None else quant["fmt"]
     if not (isinstance(fmt, str) and fmt.lower() in E4M3_SPELLINGS):
