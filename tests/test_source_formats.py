@@ -486,6 +486,52 @@ def test_a_float_checkpoint_with_fp8_tensors_and_no_config_is_refused(tmp_path):
     assert result.exit_code == 3 and "holds F8_E4M3 tensors" in result.stderr and "no quantization_config" in result.stderr
 
 
+def as_gpt_oss_bf16(src: Path, dst: Path) -> Path:
+    """A float MoE checkpoint in the layout of gpt-oss's BF16 re-uploads: each layer's experts fused
+    as `experts.gate_up_proj` [E, H, 2I] (gate and up columns interleaved) with `gate_up_proj_bias`
+    [E, 2I], `experts.down_proj` [E, I, H] with `down_proj_bias` [E, H]; model_type gpt_oss."""
+    tensors = {n: e for shard in src.glob("*.safetensors") for n, e in load_shard(shard).items()}
+
+    def stacked(layer, projection):
+        count = len({n.split(".experts.")[1].split(".")[0] for n in tensors if n.startswith(layer + ".experts.")})
+        return np.stack([as_array(tensors[f"{layer}.experts.{e}.{projection}.weight"]) for e in range(count)])
+
+    def tensor(name, entry):
+        if ".experts." not in name:
+            return {name: entry}
+        layer = name.split(".experts.")[0]
+        if name != f"{layer}.experts.0.gate_proj.weight":
+            return {}
+        gate, up, down = (stacked(layer, p) for p in ("gate_proj", "up_proj", "down_proj"))
+        gate_up = np.empty((gate.shape[0], 2 * gate.shape[1], gate.shape[2]), gate.dtype)
+        gate_up[:, 0::2], gate_up[:, 1::2] = gate, up
+        out = {}
+        for proj, values in (("gate_up_proj", gate_up.transpose(0, 2, 1)), ("down_proj", down.transpose(0, 2, 1))):
+            values = np.ascontiguousarray(values)
+            bias = np.zeros((values.shape[0], values.shape[2]), values.dtype)
+            out[f"{layer}.experts.{proj}"] = ("BF16", values.shape, values.tobytes())
+            out[f"{layer}.experts.{proj}_bias"] = ("BF16", bias.shape, bias.tobytes())
+        return out
+
+    return respell(src, dst, tensor, lambda c: {**c, "model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"]})
+
+
+def test_a_gpt_oss_bf16_re_upload_is_blocked_by_the_target_as_its_mxfp4_release_is(tmp_path):
+    """The MXFP4 release's refusal sends users to a BF16 re-upload: that one is refused for the same
+    reason (the target), not as a transposed fused layout whose suggested fix would split the
+    interleaved gate/up columns as halves, and the hint does not send them back to ascendconv."""
+    from ascendconv.errors import BlockedByTargetError
+
+    src = as_gpt_oss_bf16(as_float(FIXTURES / MOE, tmp_path / "bf16"), tmp_path / "gpt-oss")
+    with pytest.raises(BlockedByTargetError) as caught:
+        open_source(src)
+    assert "model_type is 'gpt_oss'" in caught.value.message and "pass no expert biases" in caught.value.message
+    assert "with vllm-ascend as it is (unquantized)" in caught.value.hint and "refuses that one too" in caught.value.hint
+    result = runner.invoke(app, ["convert", str(src), str(tmp_path / "out")])
+    assert result.exit_code == 3 and "BlockedByTargetError" not in result.stdout and "blocked by the target" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def fused(src: Path, dst: Path) -> Path:
     """`src` (a float MoE checkpoint, per-expert tensors) with each layer's experts stored fused, as
     transformers v5 writes them: `experts.gate_up_proj` [E, 2I, H] and `experts.down_proj` [E, H, I]."""

@@ -26,12 +26,16 @@ from ascendconv.sources.checkpoint import Checkpoint, expert_slices, find_quanti
 from ascendconv.sources.mx_native import SCALE_SUFFIX, ExcludeConfig, MxLayout, module_names, mx_linear, mx_source
 
 MXFP4_METHOD = "mxfp4"
-GPT_OSS_WHY = (
-    "gpt-oss is blocked by the target, not by its bytes: its MXFP4 experts would re-lay out exactly, but "
+# What the target lacks for gpt-oss, whatever the format its experts come in (MXFP4 or a BF16 re-upload).
+GPT_OSS_TARGET = (
     "vllm-ascend's MX MoE schemes pass no expert biases (gate_up_proj_bias / down_proj_bias) and have no "
     "swigluoai MXFP4 path, and vllm-ascend loads no 'mxfp4' quantization nor gpt_oss packed modules"
 )
-GPT_OSS_HINT = "use a BF16 re-upload of the model (ascendconv converts BF16 checkpoints)"
+GPT_OSS_WHY = f"gpt-oss is blocked by the target, not by its bytes: its MXFP4 experts would re-lay out exactly, but {GPT_OSS_TARGET}"
+GPT_OSS_HINT = (
+    "serve a BF16 re-upload of the model with vllm-ascend as it is (unquantized); ascendconv refuses that one too, "
+    "since MX experts would lose the expert biases"
+)
 GPT_OSS_TENSORS = ("_blocks", "_scales")  # gpt-oss's suffixes for payload and scale
 # vLLM's FusedMoE parameter names: (stored tensor, the projections its rows hold, in order)
 FUSED = {"w13_weight": ("gate_proj", "up_proj"), "w2_weight": ("down_proj",)}

@@ -13,10 +13,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ascendconv.errors import NoQuantizableLinearError, UnrecognizedCheckpointError, UnsupportedTensorError, shown
+from ascendconv.errors import BlockedByTargetError, NoQuantizableLinearError, UnrecognizedCheckpointError, UnsupportedTensorError, shown
 from ascendconv.io.safetensors import TensorEntry
 from ascendconv.sources.base import WEIGHT_SUFFIX, Encoding, Source, SourceFormat, SourceLinear
 from ascendconv.sources.checkpoint import Checkpoint, expert_slices
+from ascendconv.sources.mxfp4_fused import GPT_OSS_HINT, GPT_OSS_TARGET
 
 FLOAT_DTYPES = ("BF16", "F16", "F32")
 FP8_DTYPES = ("F8_E4M3", "F8_E5M2", "F8_E8M0")
@@ -51,6 +52,16 @@ class PlainFloat(SourceFormat):
         return quant is None
 
     def parse(self, config: dict, config_path: Path) -> None:
+        # gpt-oss's BF16 re-uploads store their experts fused [E, H, 2I] with gate and up columns
+        # interleaved, beside expert biases: refused by the target (as its MXFP4 release is) before a
+        # shard is read, rather than as a transposed layout whose fix would split the experts wrongly
+        text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+        if "gpt_oss" in (config.get("model_type"), text.get("model_type")):
+            raise BlockedByTargetError(
+                f"{config_path}: model_type is 'gpt_oss': gpt-oss is blocked by the target, in BF16 as in MXFP4: "
+                f"{GPT_OSS_TARGET}",
+                GPT_OSS_HINT,
+            )
         return None
 
     def open(self, checkpoint: Checkpoint, quant: None) -> Source:
