@@ -29,7 +29,7 @@ from ascendconv.verify import VerifyOptions, verify
 from conftest import FIXTURES, load_shard, save_shard
 from fullscale import FAMILIES, MX_FAMILIES, deepseek_v4, deepseek_v4_flash, write_sparse_checkpoint
 
-# Published totals (docs/families.md, "Sources"): tensors, and bytes or GiB rounded to 2 places.
+# Published totals of each release: tensors, and bytes or GiB rounded to 2 places.
 # The 2026 figures: Qwen3.8-27B 28.75 GiB (the tensor count and exact bytes of a layout built from
 # its published facts: 1,606 and 30,866,663,264); Qwen3.6-35B-A3B 64,196 tensors, "37.5 GB"
 # (37,454,789,472 from its facts); GLM-5.1 "about 750 GB" (119,028 tensors and 756 GB from its
