@@ -55,6 +55,7 @@ def test_a_report_name_too_long_to_write_is_refused_before_the_checks(converted,
     report = tmp_path / ("r" * 300 + ".html")
     data = envelope("verify", converted(DENSE), "--report", report, code=2)
     assert data["error"] == "OutputPathError" and "cannot be written (File name too long)" in data["message"]
+    assert data["hint"] == "choose a shorter name"  # not 'a directory you may write to'
 
 
 @pytest.mark.parametrize("kind", ["dangling link", "FIFO", "directory"])

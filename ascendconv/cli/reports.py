@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 from pathlib import Path
@@ -61,7 +62,8 @@ def probe_writable(path: Path, what: str) -> None:
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
             os.unlink(path)
     except OSError as exc:
-        raise OutputPathError(f"{what}: cannot be written ({exc.strerror or exc})", REPORT_HINT) from None
+        hint = "choose a shorter name" if exc.errno == errno.ENAMETOOLONG else REPORT_HINT  # not a matter of rights
+        raise OutputPathError(f"{what}: cannot be written ({exc.strerror or exc})", hint) from None
 
 
 REPORT_HINT = "choose a file in a directory you may write to"
