@@ -150,6 +150,7 @@ class Plan:
     added: list[AddedTensor] = field(default_factory=list)
     heads_left_out: list[AddedTensor] = field(default_factory=list)
     heads_lacking: list[LackingHead] = field(default_factory=list)  # the drafter needs, the source cannot give
+    expert_biases: dict[str, str] = field(default_factory=dict)  # MoE layer -> the first bias its routed experts carry
     # (file, tensors, bytes) of each shard, counted without placing the tensors (Planner.count_shards)
     count_shards: Callable[[], list[tuple[str, int, int]]] | None = field(default=None, repr=False, compare=False)
 
@@ -201,6 +202,12 @@ class Plan:
             warnings.append(
                 f"{head.name} is not in the source, nor {' or '.join(head.sources)} to copy it from{untied}: "
                 "vllm-ascend's MTP drafter looks it up at construction, so speculative decoding with MTP will not load"
+            )
+        biased = [bias for group, bias in self.expert_biases.items() if self.groups[group].written != FLOAT]
+        if biased:
+            warnings.append(
+                f"routed experts carry biases in {len(biased)} MoE layer{'s' * (len(biased) != 1)} (first: {biased[0]}), written F32 beside MX "
+                "experts: vllm-ascend's MX MoE applies no expert bias, so served so, these layers run without them"
             )
         warnings += self.tp_growth_warnings()
         # a file the source holds and the package lacks (a tokenizer, a template) is the user's to know of
@@ -543,6 +550,17 @@ def unquantized_members(
     return found
 
 
+def expert_biases(linears: dict[str, SourceLinear], facts: dict[str, ModuleFacts]) -> dict[str, str]:
+    """Each MoE layer whose routed experts carry biases, and the first such bias, in source order."""
+    found: dict[str, str] = {}
+    for prefix, linear in linears.items():
+        if linear.bias is not None:
+            fact = facts[prefix]
+            if fact.routed and fact.group not in found:
+                found[fact.group] = linear.bias.name
+    return found
+
+
 def unquantized_reason(entry: TensorEntry) -> str:
     """Why a source `.weight` is no linear ascendconv quantizes, in words."""
     stored = f"{entry.dtype} {list(entry.shape)}"
@@ -606,6 +624,7 @@ class Planner:
         heads = self.rules.mtp_heads(tensors)
         self.added, self.heads_left_out = (heads, []) if self.deployment.mtp_heads else ([], heads)
         self.heads_lacking = self.rules.mtp_heads_lacking(tensors)
+        self.expert_biases = expert_biases(linears, self.facts)
 
     @classmethod
     def for_source(cls, source: Source, deployment: Deployment) -> Planner:
@@ -660,6 +679,7 @@ class Planner:
             added=list(self.added),
             heads_left_out=list(self.heads_left_out),
             heads_lacking=list(self.heads_lacking),
+            expert_biases=self.expert_biases,
         )
         return plan
 

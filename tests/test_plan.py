@@ -230,6 +230,22 @@ def test_an_override_quantizing_an_input_embedding_is_refused(glob):
     }
 
 
+def test_biases_on_routed_experts_written_mx_are_warned_of():
+    # vllm-ascend's MX MoE kernels take no expert bias: a layer served so runs without them
+    spec = moe_layer()
+    spec["model.layers.0.mlp.experts.1.down_proj.bias"] = ("BF16", (256,))
+    spec["model.layers.0.self_attn.q_proj.bias"] = ("BF16", (256,))  # a linear's bias is applied: no warning
+    plan = plan_of(spec, scheme="w4a8-mxfp-moe")
+    generic = plan.rules.warning
+    assert plan.warnings == [
+        generic,
+        "routed experts carry biases in 1 MoE layer (first: model.layers.0.mlp.experts.1.down_proj.bias), written F32 "
+        "beside MX experts: vllm-ascend's MX MoE applies no expert bias, so served so, these layers run without them"
+    ]
+    floated = plan_of(spec, scheme="w4a8-mxfp-moe", overrides=[Override.parse("*.experts.*=FLOAT")])
+    assert floated.warnings == [generic] and plan_of(moe_layer(), scheme="w4a8-mxfp-moe").warnings == [generic]
+
+
 def test_bias_of_an_mx_layer_becomes_float32():
     spec = fp8("m.o_proj", 256, 256)
     spec["m.o_proj.bias"] = ("BF16", (256,))
