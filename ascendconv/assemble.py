@@ -25,11 +25,11 @@ from ascendconv.errors import (
     DuplicatePartError,
     ForeignPartError,
     MissingPartError,
-    NotFoundError,
     NotRegularFileError,
     PartError,
     ShardChecksumError,
 )
+from ascendconv.io.hfcache import local_directory
 from ascendconv.io.outdir import StagedOutput, check_output, interruptible
 from ascendconv.io.output import check_free_space, check_output_path, existing_ancestor, output_errors, space_needed
 from ascendconv.io.checksum import CHECKSUM, hashed_file
@@ -71,8 +71,7 @@ class AssembleResult:
 
 
 def read_part(directory: Path) -> Part:
-    if not os.path.isdir(directory):  # not Path.is_dir: it raises for a name too long to exist
-        raise NotFoundError(f"{directory}: no such directory")
+    directory = local_directory(directory, "assemble")  # a file, a dangling link, a mistyped name: each named
     path = directory / PART_MANIFEST_NAME
     manifest = read_json_object(path, PartError) if os.path.lexists(path) else None
     if manifest is None or manifest.get("format") != PART_FORMAT:

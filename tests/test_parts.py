@@ -170,6 +170,27 @@ def test_a_directory_that_is_not_a_part_is_refused(converted, dense_parts, tmp_p
     assert "is not a part directory" in message
 
 
+def test_a_part_given_as_a_file_a_mistyped_name_or_a_dangling_link_is_named_as_such(dense_parts, tmp_path):
+    """assemble said "no such directory" of a file that exists, and gave no hint for a mistyped part
+    or a dangling link: every other command names them (io/hfcache.local_directory)."""
+    part = copy_part(dense_parts["dense", 1], tmp_path / "p1")
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    cases = {
+        tmp_path / "afile": ("UnrecognizedCheckpointError", f"{tmp_path / 'afile'}: is a file; assemble takes a directory",
+                             f"did you mean {tmp_path}?"),
+        tmp_path / "p1x": ("NotFoundError", f"{tmp_path / 'p1x'}: no such directory", f"did you mean {part}?"),
+        tmp_path / "dangling": ("NotFoundError", f"{tmp_path / 'dangling'}: no such directory",
+                                f"{tmp_path / 'dangling'} is a symbolic link to {tmp_path / 'nowhere'}, which leads to no directory; fix the link"),
+    }
+    for given, (code, message, hint) in cases.items():
+        result = runner.invoke(app, ["assemble", str(tmp_path / "pkg" / "out"), str(part), str(given), "--json"])
+        assert result.exit_code == 3 and "Traceback" not in result.output
+        assert json.loads(result.stdout) == {"ok": False, "schema": 1, "command": "assemble", "error": code,
+                                             "message": message, "hint": hint, "exit_code": 3}
+    assert not (tmp_path / "pkg").exists()
+
+
 def test_more_parts_than_shards_is_refused_before_any_work(converted, tmp_path):
     golden = converted("qwen3-dense-fp8", max_shard_size=SHARD_LIMIT)
     shards = len(list(golden.glob("*.safetensors")))
