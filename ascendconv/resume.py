@@ -24,7 +24,7 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-from ascendconv.errors import AscendconvError, ResumeLedgerError, ResumeMismatchError, UnsafeOutputError
+from ascendconv.errors import AscendconvError, ResumeLedgerError, ResumeMismatchError, UnsafeOutputError, clip, shown
 from ascendconv.io.checksum import CHECKSUM, file_digest
 from ascendconv.io.files import read_json_object, write_new
 from ascendconv.plan import Plan
@@ -98,10 +98,11 @@ def differences(ours: dict, theirs: dict, limit: int = 4) -> list[str]:
     a, b = _flatten(ours, "", {}), _flatten(theirs, "", {})
     keys = list(dict.fromkeys([*a, *b]))
     changed = [k for k in keys if a.get(k, "(absent)") != b.get(k, "(absent)")]
-    shown = [f"{k}: {a.get(k, '(absent)')!r} now, {b.get(k, '(absent)')!r} there" for k in changed[:limit]]
+    # keys and values come from a file anyone can write: each is clipped, not the whole message
+    said = [f"{clip(k)}: {shown(a.get(k, '(absent)'))} now, {shown(b.get(k, '(absent)'))} there" for k in changed[:limit]]
     if len(changed) > limit:
-        shown.append(f"and {len(changed) - limit} more")
-    return shown
+        said.append(f"and {len(changed) - limit} more")
+    return said
 
 
 def read_ledger(staging: Path) -> dict | None:

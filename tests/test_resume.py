@@ -203,6 +203,27 @@ def test_work_of_another_plan_is_refused_not_mixed(large, tmp_path):
     assert json.loads((out / "ascendconv_provenance.json").read_text())["scale_rule"] == "floor"
 
 
+def test_a_long_value_or_key_in_another_plans_ledger_is_clipped_not_the_whole_message(large, tmp_path):
+    """A ledger's identity is anyone's JSON: a value of 4,000 digits filled the message, which was then
+    cut in its middle ("holds unfinished work ... from another plan" lost); each is clipped now."""
+    src, _ = large
+    out = tmp_path / "out"
+    interrupted_half_way(src, out)
+    (staging,) = stagings(out)
+    ledger = json.loads((staging / LEDGER_NAME).read_text())
+    ledger["identity"]["options"]["scale_rule"] = 10**3999
+    ledger["identity"]["options"]["k" * 5000] = 1
+    (staging / LEDGER_NAME).write_text(json.dumps(ledger))
+    result = runner.invoke(app, ["convert", str(src), str(out), "--resume", "--max-shard-size", "10MB", "--json"])
+    data = json.loads(result.stdout)
+    assert (result.exit_code, data["error"]) == (2, "ResumeMismatchError") and "Traceback" not in result.output
+    key = "options." + "k" * 126 + "…" + "k" * 134 + " (5008 chars)"  # clipped whole: 134 chars each side
+    assert data["message"] == (
+        f"{staging}: holds unfinished work for {out} from another plan, which this run will not mix with its own "
+        f"(options.scale_rule: 'mse' now, {'1' + '0' * 17}...{'0' * 19} there; {key}: '(absent)' now, 1 there)"
+    )
+
+
 def test_without_resume_a_failed_run_leaves_nothing_and_discards_kept_work(large, fast_golden, tmp_path):
     src, _ = large
     out = tmp_path / "out"
