@@ -185,6 +185,17 @@ def test_a_package_given_as_src_or_as_verify_source_and_a_part_directory_are_nam
         data = json.loads(result.stdout)
         assert (result.exit_code, data["error"]) == (3, "PartDirectoryError")
         assert f"{part}: part 2 of 3 of a `convert --part` run" in data["message"] and data["hint"].startswith("run assemble")
+    # as SRC or --source: a part, not "an AscendV1 package" with the hint to inspect or verify it, which refuse it
+    result = cli("convert", part, tmp_path / "again", "--json")
+    assert json.loads(result.stdout) == {
+        "ok": False, "schema": 1, "command": "convert", "error": "PackageAsSourceError", "exit_code": 3,
+        "message": f"{part}: this is a part of an AscendV1 package (it holds ascendconv_part.json), not a source checkpoint",
+        "hint": "pass the checkpoint it came from; `ascendconv assemble OUT PARTDIR...` joins the parts into the package",
+    }
+    assert result.exit_code == 3 and not (tmp_path / "again").exists()
+    data = json.loads(cli("verify", package, "--source", part, "--json").stdout)
+    assert data["message"] == f"{part}: this is a part of an AscendV1 package (it holds ascendconv_part.json), not a source checkpoint"
+    assert data["hint"] == "--source takes the checkpoint the package was converted from: `ascendconv verify PACKAGE --source CHECKPOINT`"
 
 
 # --- the package explains itself ---------------------------------------------------------------

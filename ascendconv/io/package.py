@@ -224,6 +224,11 @@ def refuse_part_directory(directory: Path, wanted: str) -> None:
 def refuse_package_as_source(directory: Path, hint: str | None = None) -> None:
     """A package (or a part of one) given where a source checkpoint is expected, which failed to open
     as one: say what it is, not what a source would lack (its config.json has no quantization_config)."""
-    marker = next((name for name in (DESCRIPTION_NAME, PART_MANIFEST_NAME) if (directory / name).is_file()), None)
+    if (directory / PART_MANIFEST_NAME).is_file():  # inspect and verify refuse a part: never hint them
+        raise PackageAsSourceError(
+            f"{directory}: this is a part of an AscendV1 package (it holds {PART_MANIFEST_NAME}), not a source checkpoint",
+            hint or "pass the checkpoint it came from; `ascendconv assemble OUT PARTDIR...` joins the parts into the package",
+        )
+    marker = DESCRIPTION_NAME if (directory / DESCRIPTION_NAME).is_file() else None
     if marker is not None:
         raise PackageAsSourceError(f"{directory}: this is an AscendV1 package (it holds {marker}), not a source checkpoint", hint)
