@@ -138,6 +138,16 @@ def test_hf_cache_resolution(tmp_path, monkeypatch):
         resolve_source("Qwen/Qwen3-30B-A3B-FP8@v2")
     with pytest.raises(NotCachedError, match="not in the Hugging Face cache"):
         resolve_source("deepseek-ai/DeepSeek-V3")
+    # refs/main naming a commit whose snapshot is missing: the message says which, not only "not in the cache"
+    (repo / "refs" / "main").write_text("def456\n")
+    with pytest.raises(NotCachedError) as missing:
+        resolve_source("Qwen/Qwen3-30B-A3B-FP8")
+    assert missing.value.message == (
+        f"Qwen/Qwen3-30B-A3B-FP8: revision 'main' is not in the cache at {repo}: {repo / 'refs' / 'main'} names def456, "
+        "which has no snapshot (cached: abc123)"
+    )
+    assert missing.value.hint == "download it first (e.g. `hf download REPO`) or pass a local directory"
+    (repo / "refs" / "main").write_text("abc123\n")
     with pytest.raises(NotFoundError):
         resolve_source(str(tmp_path / "missing" / "dir"))
     monkeypatch.delenv("HF_HUB_CACHE")

@@ -8,7 +8,7 @@ import os
 import re
 from pathlib import Path
 
-from ascendconv.errors import NotCachedError, NotFoundError, UnrecognizedCheckpointError
+from ascendconv.errors import NotCachedError, NotFoundError, UnrecognizedCheckpointError, clip
 from ascendconv.io.files import read_regular_bytes
 from ascendconv.io.output import existing_ancestor
 
@@ -113,6 +113,7 @@ def resolve_source(text: str) -> Path:
         available = sorted(p.name for p in snapshots.iterdir())
         raise NotCachedError(
             f"{text}: revision {revision!r} is not in the cache at {repo_dir}"
+            + (f": {ref} names {clip(commit)}, which has no snapshot" if has_ref else "")  # a download cut short
             + (f" (cached: {', '.join(available)})" if available else "")
         )
     return snapshot
