@@ -147,7 +147,19 @@ def test_hf_cache_resolution(tmp_path, monkeypatch):
         "which has no snapshot (cached: abc123)"
     )
     assert missing.value.hint == "download it first (e.g. `hf download REPO`) or pass a local directory"
-    (repo / "refs" / "main").write_text("abc123\n")
+    # refs/main a directory or a dangling link: named with the repo id, and the hint to remove it (a download
+    # writes refs/main through a link, and fails on a directory)
+    ref = repo / "refs" / "main"
+    ref.unlink()
+    for make, what in ((ref.mkdir, "is a directory, not a regular file"), (lambda: ref.symlink_to(tmp_path / "gone"),
+                                                                            "cannot read (No such file or directory)")):
+        make()
+        with pytest.raises(NotCachedError) as damaged:
+            resolve_source("Qwen/Qwen3-30B-A3B-FP8")
+        assert damaged.value.message == f"Qwen/Qwen3-30B-A3B-FP8: {ref}: {what}"
+        assert damaged.value.hint == f"the cache is damaged: remove {ref}, then download again"
+        ref.rmdir() if ref.is_dir() and not ref.is_symlink() else ref.unlink()
+    ref.write_text("abc123\n")
     with pytest.raises(NotFoundError):
         resolve_source(str(tmp_path / "missing" / "dir"))
     monkeypatch.delenv("HF_HUB_CACHE")

@@ -102,7 +102,10 @@ def resolve_source(text: str) -> Path:
     ref = repo_dir / "refs" / revision
     has_ref = os.path.lexists(ref)
     # a refs/ file holds a commit hash: read at most a few bytes of it, never a FIFO or a device
-    commit = read_regular_bytes(ref, MAX_REF_BYTES, NotCachedError).decode(errors="replace").strip() if has_ref else revision
+    try:
+        commit = read_regular_bytes(ref, MAX_REF_BYTES, NotCachedError).decode(errors="replace").strip() if has_ref else revision
+    except NotCachedError as exc:  # a directory, a FIFO, a dangling link: a download would not replace it
+        raise NotCachedError(f"{text}: {exc.message}", f"the cache is damaged: remove {ref}, then download again") from None
     if has_ref and not COMMIT.match(commit):
         raise NotCachedError(f"{text}: {ref} does not hold a commit hash", "the cache is damaged; download again")
     snapshot = snapshots / commit
