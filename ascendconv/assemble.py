@@ -175,7 +175,10 @@ def check_files(parts: list[Part], workers: int, progress: Progress | None) -> d
     for part in parts:
         for name, want in part.manifest["files"].items():
             path = part.directory / name
-            if not os.path.lexists(path) or copy_regular(path, None, PartError) != want:
+            if not os.path.lexists(path):
+                raise ShardChecksumError(f"{path}: is not in {part.directory}, though {part.label}'s manifest lists it")
+            # a directory or FIFO in its place: the part was changed since, like a file that differs
+            if copy_regular(path, None, ShardChecksumError) != want:
                 raise ShardChecksumError(f"{path}: differs from what {part.label}'s manifest records")
     return identities
 

@@ -164,6 +164,23 @@ def test_a_removed_shard_or_an_edited_manifest_is_refused(dense_parts, tmp_path)
     assert "does not match its fingerprint" in assemble_refused(tmp_path, *parts)
 
 
+def test_a_removed_or_replaced_small_file_of_a_part_is_named_as_such(dense_parts, tmp_path):
+    """A part's config.json removed was said to "differ from what the manifest records"; one replaced
+    by a directory got the hint to pass part directories convert wrote, which it was."""
+    parts = [copy_part(dense_parts["dense", i], tmp_path / f"p{i}") for i in (1, 2, 3)]
+    config = parts[1] / "config.json"
+    config.unlink()
+    assert assemble_refused(tmp_path, *parts) == (
+        f"error: {config}: is not in {parts[1]}, though part 2/3 ({parts[1]})'s manifest lists it "
+        "hint: the part was modified or damaged after it was written; run that part again"
+    )
+    config.mkdir()
+    assert assemble_refused(tmp_path, *parts) == (
+        f"error: {config}: is a directory, not a regular file "
+        "hint: the part was modified or damaged after it was written; run that part again"
+    )
+
+
 def test_a_directory_that_is_not_a_part_is_refused(converted, dense_parts, tmp_path):
     package = converted("qwen3-dense-fp8", max_shard_size=SHARD_LIMIT)
     message = assemble_refused(tmp_path, dense_parts["dense", 1], package)
