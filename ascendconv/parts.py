@@ -12,7 +12,7 @@ import heapq
 import re
 from pathlib import Path
 
-from ascendconv.errors import BadOptionError
+from ascendconv.errors import BadOptionError, shown
 from ascendconv.io.checksum import CHECKSUM
 from ascendconv.ascendv1 import PART_MANIFEST_NAME
 from ascendconv.plan import Plan
@@ -24,9 +24,13 @@ PART_FORMAT = "ascendconv-part/1"
 def parse_part(text: str) -> tuple[int, int]:
     """'2/4' -> (2, 4)."""
     match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
-    if not match or not 1 <= int(match[1]) <= int(match[2]):
-        raise BadOptionError(f"cannot read --part {text!r}", "write --part I/N with 1 <= I <= N, e.g. --part 2/4")
-    return int(match[1]), int(match[2])
+    try:  # int() refuses more than 4,300 digits (ValueError): no plan has that many shards either
+        number, count = (int(match[1]), int(match[2])) if match else (0, 0)
+    except ValueError:
+        number = count = 0
+    if not 1 <= number <= count:
+        raise BadOptionError(f"cannot read --part {shown(text)}", "write --part I/N with 1 <= I <= N, e.g. --part 2/4")
+    return number, count
 
 
 def assign_parts(sizes: list[int], parts: int) -> list[list[int]]:

@@ -59,6 +59,18 @@ def test_part_must_be_i_of_n(text):
     assert "1 <= I <= N" in refused.value.hint
 
 
+def test_a_part_count_of_more_digits_than_int_reads_is_a_usage_error_not_a_traceback():
+    """int() refuses more than 4,300 digits: `--part 1/99...9` (5,000 nines) ended in a ValueError traceback, exit 1."""
+    text = "1/" + "9" * 5000
+    result = runner.invoke(app, ["convert", str(FIXTURES / "qwen3-dense-fp8"), "unused", "--part", text, "--json"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert json.loads(result.stdout) == {
+        "ok": False, "schema": 1, "command": "convert", "error": "BadOptionError", "exit_code": 2,
+        "message": f"cannot read --part '1/{'9' * 131}…{'9' * 133}' (5004 chars)",  # clipped, quotes and all
+        "hint": "write --part I/N with 1 <= I <= N, e.g. --part 2/4",
+    }
+
+
 def convert_parts_in_processes(src: Path, root: Path, counts: list[int], *options: str) -> dict[int, list[Path]]:
     """For each N in `counts`, parts 1..N each by its own `python -m ascendconv` process (all at once)."""
     dirs = {n: [root / f"part-{i}-of-{n}" for i in range(1, n + 1)] for n in counts}
