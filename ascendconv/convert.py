@@ -24,7 +24,7 @@ from ascendconv.options import KERNELS, ConvertOptions
 from ascendconv.package_files import copied_file_digests, provenance_record, write_package_files, write_plan_files
 from ascendconv.parts import PART_MANIFEST_NAME, part_shards, write_part_manifest
 from ascendconv.pipeline import Kernel, Notice, Progress, write_shards
-from ascendconv.models import config_value, heads_problem
+from ascendconv.models import heads_problem
 from ascendconv.plan import Plan, Planner
 from ascendconv.resume import (
     LEDGER_NAME,
@@ -141,12 +141,8 @@ def check_deployment(source: Source, plan: Plan) -> None:
         raise BadOptionError(f"--tp {deployment.tp}: the package could not be served: {shown}", CHECKS["tp"].hint)
     heads = heads_problem(source.config, deployment.tp)
     if heads:
-        count = config_value(source.config, "num_attention_heads")
-        counted = type(count) is int and count > 0
-        raise BadOptionError(
-            f"--tp {deployment.tp}: {heads}",
-            "choose a --tp that divides the number of attention heads" if counted else "fix num_attention_heads in config.json",
-        )
+        why, fix = heads
+        raise BadOptionError(f"--tp {deployment.tp}: {why}", fix)
 
 
 def convert(

@@ -28,6 +28,11 @@ def clip(text: str, limit: int = MAX_SHOWN_CHARS) -> str:
     return f"{text[:half]}…{text[-half:]} ({len(text)} chars)"
 
 
+def plural(n: int, word: str) -> str:
+    """`n` and `word`, in the plural unless `n` is 1: '1 module', '2 modules'."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
 def shown(value: object) -> str:
     """repr(value) as a message shows a name, label or value read from a file: clipped, and bounded
     in time (a JSON value can hold an integer of thousands of digits, whose repr raises ValueError

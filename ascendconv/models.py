@@ -49,15 +49,23 @@ def config_value(config: dict, key: str):
     return text.get(key) if isinstance(text, dict) else None
 
 
-def heads_problem(config: dict, tp: int) -> str | None:
-    """Why vLLM refuses to run the model over `tp` ranks whatever its weights: its attention heads must
-    divide evenly among them (vLLM's parallel-config check: "Total number of attention heads must be
-    divisible by tensor parallel size"), or None."""
+def is_embedding(prefix: str) -> bool:
+    """Whether the module is an input embedding, in any family's spelling (families.EMBEDDING_NAMES)."""
+    return prefix.rpartition(".")[2] in EMBEDDING_NAMES
+
+
+def heads_problem(config: dict, tp: int) -> tuple[str, str] | None:
+    """Why vLLM refuses to run the model over `tp` ranks whatever its weights, and the fix, or None:
+    its attention heads must divide evenly among them (vLLM's parallel-config check: "Total number of
+    attention heads must be divisible by tensor parallel size")."""
     heads = config_value(config, "num_attention_heads")
-    if type(heads) is int and heads > 0 and heads % tp:
-        return f"config.json: {heads} attention heads do not divide over {tp} ranks, and vLLM refuses such a deployment"
-    if heads is not None and tp > 1 and not (type(heads) is int and heads > 0):  # absent: nothing to hold it to
-        return f"config.json: num_attention_heads is {shown(heads)}, not a count of heads: vLLM cannot split the model over {tp} ranks"
+    counted = type(heads) is int and heads > 0
+    if counted and heads % tp:
+        return (f"config.json: {heads} attention heads do not divide over {tp} ranks, and vLLM refuses such a deployment",
+                "choose a --tp that divides the number of attention heads")
+    if heads is not None and tp > 1 and not counted:  # absent: nothing to hold it to
+        return (f"config.json: num_attention_heads is {shown(heads)}, not a count of heads: vLLM cannot split the model over {tp} ranks",
+                "fix num_attention_heads in config.json")
     return None
 
 
@@ -284,7 +292,7 @@ class ModelRules:
             return MTP_REASON
         if self.family.float_roots and prefix.startswith(self.family.float_roots):
             return VISION_REASON
-        if prefix.rpartition(".")[2] in EMBEDDING_NAMES:
+        if is_embedding(prefix):
             return EMBEDDING_REASON
         for ending, reason in self.family.float_rules:
             if prefix.endswith(ending):

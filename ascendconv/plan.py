@@ -42,7 +42,7 @@ from ascendconv.decide import (
     module_group,
     module_pattern,
 )
-from ascendconv.errors import BadOptionError
+from ascendconv.errors import BadOptionError, plural
 from ascendconv.gcpause import gc_paused
 from ascendconv.formats.constants import FLOAT, RESOLVE_DTYPES, transform_for
 from ascendconv.io.safetensors import TensorEntry
@@ -206,7 +206,7 @@ class Plan:
         biased = [bias for group, bias in self.expert_biases.items() if self.groups[group].written != FLOAT]
         if biased:
             warnings.append(
-                f"routed experts carry biases in {len(biased)} MoE layer{'s' * (len(biased) != 1)} (first: {biased[0]}), written F32 beside MX "
+                f"routed experts carry biases in {plural(len(biased), 'MoE layer')} (first: {biased[0]}), written F32 beside MX "
                 "experts: vllm-ascend's MX MoE applies no expert bias, so served so, these layers run without them"
             )
         warnings += self.tp_growth_warnings()

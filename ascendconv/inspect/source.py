@@ -7,6 +7,7 @@ from collections import Counter
 from pathlib import Path
 
 from ascendconv.ascendv1 import QUANT_TYPES, RANK
+from ascendconv.errors import plural
 from ascendconv.formats.constants import FLOAT, W8A8_MXFP8
 from ascendconv.inspect.report import CountBytes, Fallback, InspectReport, SchemeEstimate, ShardInfo, source_kind
 from ascendconv.inspect.summary import (
@@ -66,6 +67,7 @@ def inspect_source(root: Path, glob: str | None, deployment: Deployment) -> Insp
         structure = _structure(unpaired, rules, source.linears)  # a linear's tensors are named after it
         index = SOURCE_INDEX_NAME if (root / SOURCE_INDEX_NAME).is_file() else None
         tensor_bytes = sum(e.nbytes for e in source.tensors.values())
+        heads = heads_problem(source.config, deployment.tp)
         return InspectReport(
             kind=source_kind(source.format),
             path=root,
@@ -85,7 +87,7 @@ def inspect_source(root: Path, glob: str | None, deployment: Deployment) -> Insp
             **structure.fields(),
             family=rules.family.label,
             deployment=deployment.to_dict(),
-            warnings=[w for w in (rules.warning, heads_problem(source.config, deployment.tp)) if w],
+            warnings=[w for w in (rules.warning, heads[0] if heads else None) if w],
             fp8_linears=len(source.linears),
             groups=_groups(
                 modules,
@@ -140,10 +142,6 @@ class _Labels(dict):
         return FLOAT
 
 
-def _counted(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
-
-
 def runtime_notes(plan: Plan, shared: dict[str, str] | None = None) -> list[str]:
     """What vllm-ascend will run with the package this plan writes, in short sentences (`shared`:
     shared_experts of the plan's groups, when known)."""
@@ -158,7 +156,7 @@ def runtime_notes(plan: Plan, shared: dict[str, str] | None = None) -> list[str]
         written[group.written] += len(group.members)
     for quant_type in sorted(written, key=lambda t: -RANK[t]):
         if quant_type != FLOAT:
-            notes.append(f"{quant_type} ({_counted(written[quant_type], 'module')}): {QUANT_TYPES[quant_type].runtime}")
+            notes.append(f"{quant_type} ({plural(written[quant_type], 'module')}): {QUANT_TYPES[quant_type].runtime}")
     if plan.rules.family.mla:
         # vllm-ascend enables the fused MLA prolog (VLLM_ASCEND_ENABLE_MLAPO) only where the layer's
         # fused_qkv_a_proj (q_a_proj + kv_a_proj_with_mqa) is W8A8 (MXFP8 on Ascend 950); elsewhere it
@@ -174,12 +172,12 @@ def runtime_notes(plan: Plan, shared: dict[str, str] | None = None) -> list[str]
         elif qkv_a:
             notes.append("fused MLA prolog (VLLM_ASCEND_ENABLE_MLAPO) available: q_a_proj/kv_a_proj_with_mqa are W8A8_MXFP8")
     for reason, count in plan.kept_float().items():
-        notes.append(f"{_counted(count, 'module')} FLOAT: {reason}")
+        notes.append(f"{plural(count, 'module')} FLOAT: {reason}")
     mtp_quantized = plan.quantized_mtp_modules()
     if mtp_quantized:
-        notes.append(f"{_counted(mtp_quantized, 'MTP module')} quantized by --override: vllm-ascend expects the MTP layer FLOAT")
+        notes.append(f"{plural(mtp_quantized, 'MTP module')} quantized by --override: vllm-ascend expects the MTP layer FLOAT")
     if plan.fallbacks:
-        notes.append(f"{_counted(len(plan.fallbacks), 'fallback')} (see fallbacks), planned for --tp {plan.deployment.tp}"
+        notes.append(f"{plural(len(plan.fallbacks), 'fallback')} (see fallbacks), planned for --tp {plan.deployment.tp}"
                      + (" --ep" if plan.deployment.ep else ""))
     for added in plan.added:
         notes.append(f"adds {added.name}, a FLOAT copy of {added.source}: {added.reason}")
@@ -188,7 +186,7 @@ def runtime_notes(plan: Plan, shared: dict[str, str] | None = None) -> list[str]
     mixed = _shared_vs_routed(plan, by_group, shared_experts({name: g.members for name, g in plan.groups.items()}, plan.rules) if shared is None else shared)
     if mixed:
         notes.append(
-            f"{_counted(mixed, 'MoE layer')} {'holds' if mixed == 1 else 'hold'} shared experts of another type than their routed experts: do not enable "
+            f"{plural(mixed, 'MoE layer')} {'holds' if mixed == 1 else 'hold'} shared experts of another type than their routed experts: do not enable "
             "mix_placement, or convert with --shared-experts-as-routed"
         )
     return notes

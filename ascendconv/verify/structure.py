@@ -27,7 +27,7 @@ from ascendconv.decide import (
     packed_group,
     rank_k,
 )
-from ascendconv.models import EMBEDDING_NAMES, ModelRules, config_value, heads_problem
+from ascendconv.models import ModelRules, config_value, heads_problem, is_embedding
 from ascendconv.verify.checks import make_check, skip_check
 from ascendconv.verify.layout import _Layout
 from ascendconv.verify.report import Check
@@ -143,7 +143,7 @@ def check_description(lay: _Layout) -> Check:
         labels.append(label)
         if label in MX_TYPES and not (name.endswith(".weight") or name.endswith(".weight_scale")):
             problems.append(f"{shown(name)} is labelled {label}, but only P.weight and P.weight_scale carry MX types")
-        elif label in MX_TYPES and name.endswith(".weight") and name[: -len(".weight")].rpartition(".")[2] in EMBEDDING_NAMES:
+        elif label in MX_TYPES and name.endswith(".weight") and is_embedding(name[: -len(".weight")]):
             problems.append(f"{shown(name)} is labelled {label}: an input embedding, whose rows vLLM looks up, "
                             "and vllm-ascend has no MX embedding lookup (convert writes it FLOAT)")
     expected = max(labels, key=RANK.__getitem__) if labels else FLOAT
@@ -323,7 +323,8 @@ def kv_head_count(config: dict | None):
 
 def check_tp(lay: _Layout, tp: int, ep: bool = False) -> Check:
     kv_heads = kv_head_count(lay.pkg.config)
-    problems = [p for p in [heads_problem(lay.pkg.config or {}, tp)] if p]
+    heads = heads_problem(lay.pkg.config or {}, tp)
+    problems = [heads[0]] if heads else []
     checked = 0
     for prefix, module in sorted(lay.modules.items()):
         if lay.rules.tp_role(prefix) in (None, "replicated") or module.n is None:

@@ -7,7 +7,8 @@ import dataclasses
 from rich.console import Console
 from rich.text import Text
 
-from ascendconv.cli.render.tables import deployment_flags, human_bytes, plural, print_table, section, types_cell
+from ascendconv.cli.render.tables import deployment_flags, human_bytes, print_table, section, types_cell
+from ascendconv.errors import plural
 
 
 def print_warnings(warnings: list[str], err: Console) -> None:

@@ -13,12 +13,12 @@ from ascendconv.cli.render.tables import (
     elide_middle,
     fitted,
     human_bytes,
-    plural,
     print_grid,
     print_table,
     section,
     types_cell,
 )
+from ascendconv.errors import plural
 
 
 def render_inspect(report, console: Console) -> None:

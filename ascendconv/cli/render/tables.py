@@ -25,10 +25,6 @@ def human_bytes(n: float) -> str:
     raise AssertionError
 
 
-def plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
-
-
 def section(console: Console, title: str) -> None:
     console.print()
     console.print(Text(title, style="bold"))
