@@ -80,6 +80,13 @@ class SourceLinear:
 new_linear = record_builder(SourceLinear)
 
 
+def biases_by_module(tensors: dict[str, TensorEntry]) -> dict[str, TensorEntry]:
+    """Module prefix -> its `.bias`, found in one pass: a faultless pairing loop looks each linear's
+    up here instead of making a name per linear (a full-scale source has few biases)."""
+    cut = len(BIAS_SUFFIX)
+    return {name[:-cut]: entry for name, entry in tensors.items() if name.endswith(BIAS_SUFFIX)}
+
+
 @dataclass
 class Source:
     """An opened source checkpoint: its files and headers (`checkpoint`), its format, and its

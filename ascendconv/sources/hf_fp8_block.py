@@ -19,7 +19,7 @@ from ascendconv.errors import (
     shown,
 )
 from ascendconv.io.safetensors import TensorEntry
-from ascendconv.sources.base import BIAS_SUFFIX, WEIGHT_SUFFIX, Encoding, Source, SourceFormat, SourceLinear, new_linear
+from ascendconv.sources.base import BIAS_SUFFIX, WEIGHT_SUFFIX, Encoding, Source, SourceFormat, SourceLinear, biases_by_module, new_linear
 from ascendconv.sources.checkpoint import Checkpoint, find_quantization_config
 
 SCALE_SUFFIX = ".weight_scale_inv"
@@ -142,9 +142,8 @@ def _pair_faultless(
     be a linear's, and the few biases are found once."""
     linears: dict[str, SourceLinear] = {}
     get, new, tiles = tensors.get, new_linear, Encoding.FP8_TILES
-    bias_len, suffix_len = len(BIAS_SUFFIX), len(WEIGHT_SUFFIX)
-    biases = {name[:-bias_len]: entry for name, entry in tensors.items() if name.endswith(BIAS_SUFFIX)}
-    bias_of = biases.get
+    suffix_len = len(WEIGHT_SUFFIX)
+    bias_of = biases_by_module(tensors).get
     grids: dict[tuple[int, int], tuple[int, int]] = {}  # weight shape -> its scale's (a few dozen shapes)
     bn, bk = block
     scales = per_tensor = 0

@@ -43,7 +43,7 @@ from ascendconv.errors import (
 from ascendconv.formats.constants import GROUP_SIZE
 from ascendconv.io.files import read_json
 from ascendconv.io.safetensors import TensorEntry
-from ascendconv.sources.base import BIAS_SUFFIX, WEIGHT_SUFFIX, Encoding, Source, SourceFormat, SourceLinear, new_linear
+from ascendconv.sources.base import WEIGHT_SUFFIX, Encoding, Source, SourceFormat, SourceLinear, biases_by_module, new_linear
 from ascendconv.sources.checkpoint import Checkpoint, find_quantization_config
 from ascendconv.sources.ct_fp8 import CT_MIXED, OTHER_FORMATS, _formats, check_ignore
 
@@ -246,9 +246,7 @@ def _pair_mx_faultless(tensors: dict[str, TensorEntry], layouts: list[MxLayout])
     `_pair_naming_faults` names the first in source order. It makes the same linears as that one."""
     linears: dict[str, SourceLinear] = {}
     get, new = tensors.get, new_linear
-    bias_len = len(BIAS_SUFFIX)
-    biases = {name[:-bias_len]: entry for name, entry in tensors.items() if name.endswith(BIAS_SUFFIX)}
-    bias_of = biases.get
+    bias_of = biases_by_module(tensors).get
     kinds = {(layout.weight_suffix, layout.weight_dtype): layout for layout in layouts}
     suffixes = tuple(dict.fromkeys([*(suffix for suffix, _ in kinds), PACKED_SUFFIX]))  # a packed weight always counts
     grids: dict[tuple, tuple[int, int] | None] = {}  # (weight shape, bytes per K) -> its scale's shape
