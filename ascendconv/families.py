@@ -177,6 +177,9 @@ class Family:
     indexer: str | None = None  # the attention indexer's module name (V3.2 / GLM-5 / V4: "indexer")
     mla: bool = False  # MLA attention (the fused MLA prolog note in inspect)
     runtime_notes: tuple[str, ...] = ()  # what inspect says about running this family on vllm-ascend
+    # (source spelling, package spelling) of a module-name infix: the package names a tensor as
+    # vllm-ascend's description lookup does, whichever of vLLM's spellings the upload used
+    module_renames: tuple[tuple[str, str], ...] = ()
 
 
 def _mla(*model_types: str, label: str, indexer: bool = False, **extra) -> Family:
@@ -205,6 +208,11 @@ QWEN_VISION = ("model.visual.", "visual.")
 QWEN3_5_NOTES = (
     "the MTP drafter shares the target's lm_head (vllm-ascend aliases the drafter's lm_head to "
     "language_model.lm_head): nothing to add",
+)
+GEMMA4_EXPERTS_NOTE = (
+    "routed experts a checkpoint stores under '<layer>.moe.experts.' (vLLM's spelling) are written under "
+    "'<layer>.experts.': vllm-ascend strips '.moe' before it looks them up in the description, and "
+    "vLLM's Gemma 4 weight loader adds it back"
 )
 GLM_MTP_HEADS = (
     HeadCopy(
@@ -309,8 +317,18 @@ FAMILIES: tuple[Family, ...] = (
         roots=QWEN_VL_ROOTS,
         float_roots=QWEN_VISION,
     ),  # fmt: skip
-    # Gemma 4: vllm-ascend strips vLLM's ".moe" infix so the description keeps "<layer>.experts".
-    _gqa("gemma4", "gemma4_text", label="Gemma 4", roots=QWEN_VL_ROOTS, float_roots=("model.vision_tower.",)),
+    # Gemma 4: vLLM's module tree holds the experts under "<layer>.moe.experts", and uploads made from
+    # it (vLLM-fused MXFP4, llm-compressor's per-expert linears) store that spelling; vllm-ascend
+    # strips ".moe" before it looks a module up in the description, and vLLM's weight mapper adds it
+    # to "<layer>.experts.E." names, so the package spells "<layer>.experts" (both read it).
+    _gqa(
+        "gemma4", "gemma4_text",
+        label="Gemma 4",
+        roots=QWEN_VL_ROOTS,
+        float_roots=("model.vision_tower.",),
+        module_renames=((".moe.experts.", ".experts."),),
+        runtime_notes=(GEMMA4_EXPERTS_NOTE,),
+    ),  # fmt: skip
     # Step-3.5 and its MTP draft (the draft nests its block under ".mtp_block.", which vllm-ascend
     # strips before the lookup).
     _gqa("step3p5", label="Step-3.5"),

@@ -10,6 +10,7 @@ from pathlib import Path
 from ascendconv.errors import NotFoundError, UnsupportedSourceError, shown
 from ascendconv.gcpause import gc_paused
 from ascendconv.io.rules import check_source_tensors
+from ascendconv.models import rules_for
 from ascendconv.sources.base import Encoding, Source, SourceFormat, SourceLinear
 from ascendconv.sources.checkpoint import Checkpoint, find_quantization_config, load_config
 from ascendconv.sources.ct_fp8 import CompressedTensorsFp8
@@ -64,7 +65,9 @@ def open_source(path: str | os.PathLike) -> Source:
             config = {**config, "quantization_config": modelopt}
     source_format = format_for(config, config_path)
     quant = source_format.parse(config, config_path)
-    source = source_format.open(Checkpoint.with_config(root, config, config_path), quant)
+    checkpoint = Checkpoint.with_config(root, config, config_path)
+    checkpoint.respell(rules_for(config).family.module_renames)  # before pairing: every format sees the package's names
+    source = source_format.open(checkpoint, quant)
     # the package's rules, the same for every format: checked here, once, over what the format paired
     source.unpaired = check_source_tensors(source.root, source.tensors, source.linears, source.config)
     return source

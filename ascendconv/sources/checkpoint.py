@@ -213,6 +213,32 @@ class Checkpoint:
             tensors = dict(sorted(tensors.items(), key=lambda kv: (kv[1].path.name, kv[1].offset)))
         return cls(root, config, config_path, headers, tensors)
 
+    def respell(self, renames: tuple[tuple[str, str], ...]) -> None:
+        """Name the tensors as the package does: each (source spelling, package spelling) infix of
+        the model family's `module_renames` replaced, in place, every entry still pointing at its
+        stored bytes (so messages name the package's spelling beside the file). Two tensors that
+        become one name are refused: the package could hold only one of them."""
+        if not renames:
+            return
+        respelled: dict[str, TensorEntry] = {}
+        spelled_from: dict[str, str] = {}  # package name -> the stored one
+        for name, entry in self.tensors.items():
+            new = name
+            for old, package in renames:
+                new = new.replace(old, package)
+            if new in respelled:
+                first = spelled_from[new]
+                raise DuplicateTensorError(
+                    f"{self.tensors[first].path.name}: tensor {shown(first)} and {entry.path.name}: tensor {shown(name)} "
+                    f"are both {shown(new)} as the package spells it ("
+                    + ", ".join(f"{old!r} as {package!r}" for old, package in renames)
+                    + ", the spelling vllm-ascend looks up)",
+                    "a checkpoint stores each module under one spelling; remove one of the two",
+                )
+            respelled[new] = entry if new == name else TensorEntry(new, entry.dtype, entry.shape, entry.path, entry.offset, entry.nbytes)
+            spelled_from[new] = name
+        self.tensors = respelled
+
     def companion_files(self) -> tuple[list[str], dict[str, str]]:
         """Top-level files that may be carried into the package, and the ones that may not, with why.
 

@@ -146,6 +146,14 @@ def check_description(lay: _Layout) -> Check:
         elif label in MX_TYPES and name.endswith(".weight") and is_embedding(name[: -len(".weight")]):
             problems.append(f"{shown(name)} is labelled {label}: an input embedding, whose rows vLLM looks up, "
                             "and vllm-ascend has no MX embedding lookup (convert writes it FLOAT)")
+    for old, package in lay.rules.family.module_renames:
+        stale = sorted(name for name in lay.description if old in name)
+        if stale:
+            more = f" and {len(stale) - 1} more" if len(stale) > 1 else ""
+            problems.append(
+                f"{shown(stale[0])}{more} {'are' if more else 'is'} spelled with {old!r}: vllm-ascend looks {lay.rules.family.label} modules up "
+                f"with {package!r} in its place, so it finds none of them (convert writes {package!r})"
+            )
     expected = max(labels, key=RANK.__getitem__) if labels else FLOAT
     found = fields.get("model_quant_type")
     if found != expected:
