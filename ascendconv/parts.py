@@ -12,7 +12,7 @@ import heapq
 import re
 from pathlib import Path
 
-from ascendconv.errors import BadOptionError, shown
+from ascendconv.errors import BadOptionError, plural, shown
 from ascendconv.io.checksum import CHECKSUM
 from ascendconv.ascendv1 import PART_MANIFEST_NAME
 from ascendconv.plan import Plan
@@ -50,8 +50,8 @@ def check_part_count(count: int, shards: int, option: str) -> None:
     a count of 10**12 would be a list of 10**12 parts)."""
     if count > shards:
         raise BadOptionError(
-            f"{option}: {count} parts, but the plan has {shards} shard(s) to share out",
-            f"choose at most {shards} parts, or a smaller --max-shard-size for more shards",
+            f"{option}: {plural(count, 'part')}, but the plan has {plural(shards, 'shard')} to share out",
+            f"choose at most {plural(shards, 'part')}, or a smaller --max-shard-size for more shards",
         )
 
 

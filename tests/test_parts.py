@@ -234,6 +234,21 @@ def test_more_parts_than_shards_is_refused_before_any_work(converted, tmp_path):
     assert result.exit_code == 2 and "1000000000000 parts" in result.stderr and "Traceback" not in result.output
 
 
+@pytest.mark.parametrize("option, message, hint", [
+    (["--part", "1/2"], "--part 1/2: 2 parts, but the plan has 1 shard to share out",
+     "choose at most 1 part, or a smaller --max-shard-size for more shards"),
+    (["--part", "1/9", "--max-shard-size", str(SHARD_LIMIT)], "--part 1/9: 9 parts, but the plan has 5 shards to share out",
+     "choose at most 5 parts, or a smaller --max-shard-size for more shards"),
+])
+def test_the_part_count_refusal_reads_in_the_singular_and_the_plural(tmp_path, option, message, hint):
+    """A one-shard plan was told "the plan has 1 shard(s)" and "choose at most 1 parts"."""
+    result = runner.invoke(app, ["convert", str(FIXTURES / "qwen3-dense-fp8"), str(tmp_path / "p"), *option, "--json"])
+    assert result.exit_code == 2
+    assert json.loads(result.stdout) == {"ok": False, "schema": 1, "command": "convert", "error": "BadOptionError",
+                                         "message": message, "hint": hint, "exit_code": 2}
+    assert not (tmp_path / "p").exists()
+
+
 @pytest.mark.parametrize("where, code, error, message, hint", [
     ("a part", "OutputExistsError", 2, "{out}: the output directory is the part directory", "choose an OUT other than the part"),
     ("in a part", "UnsafeOutputError", 2, "{out}: the output directory lies inside the part {part}",
