@@ -356,3 +356,89 @@ def test_no_memory_to_map_a_tensor_is_the_machine_not_damaged_input(monkeypatch)
     with TensorReader() as reader, pytest.raises(OutOfMemoryError, match="no memory left to map") as refused:
         reader.map_range(entry, 0, entry.nbytes)
     assert refused.value.exit_code == 4
+
+
+# --- integers of more digits than int() converts -------------------------------------------------
+
+HUGE_INT = b"9" * 5000  # past Python's 4,300 digits: json.loads raised ValueError in Python's words
+
+
+def with_huge_int(text: bytes) -> bytes:
+    """A JSON object's text with a key holding an integer of 5,000 digits (trailing padding kept)."""
+    end = text.rindex(b"}")
+    return text[:end] + b', "huge": ' + HUGE_INT + b"}" + text[end + 1:]
+
+
+def huge_int_message(what: Path | str) -> str:
+    return (f"{what} holds an integer of more than 4,300 digits, longer than any value such a file holds: "
+            "it is damaged or was edited")
+
+
+def test_a_huge_integer_in_a_part_manifest_is_a_part_error_in_our_words(parts, tmp_path):
+    from ascendconv.errors import PartError
+
+    p1, p2 = copied_parts(parts, tmp_path)
+    manifest = p2 / "ascendconv_part.json"
+    manifest.write_bytes(with_huge_int(manifest.read_bytes()))
+    result = runner.invoke(app, ["assemble", str(tmp_path / "out"), str(p1), str(p2), "--json"])
+    assert result.exit_code == 3 and "Traceback" not in result.output
+    assert json.loads(result.stdout) == {"ok": False, "schema": 1, "command": "assemble", "error": "PartError",
+                                         "message": huge_int_message(manifest), "hint": PartError.default_hint,
+                                         "exit_code": 3}
+    assert "set_int_max_str_digits" not in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_huge_integer_in_a_resume_ledger_is_a_ledger_error_in_our_words(tmp_path):
+    from ascendconv.errors import ResumeLedgerError
+
+    out, staging = kept_staging(tmp_path)
+    ledger = staging / LEDGER_NAME
+    ledger.write_bytes(with_huge_int(ledger.read_bytes()))
+    result = runner.invoke(app, ["convert", str(FIXTURES / DENSE), str(out), "--resume", "--json", "--max-shard-size", "150KB"])
+    assert result.exit_code == 3 and "Traceback" not in result.output
+    assert json.loads(result.stdout) == {"ok": False, "schema": 1, "command": "convert", "error": "ResumeLedgerError",
+                                         "message": huge_int_message(ledger), "hint": ResumeLedgerError.default_hint,
+                                         "exit_code": 3}
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("fixture, file, error, what, hint", [
+    (DENSE, "config.json", "ConfigError", "{path}", "replace it with an intact copy (download it again)"),
+    (DENSE, "model.safetensors", "HeaderError", "{path}: the header", "the file is corrupt or not a safetensors file; download it again"),
+    ("qwen3-moe-fp8", "model.safetensors.index.json", "IndexMismatchError", "{path}",
+     "the index and the shards disagree; download the checkpoint again"),
+])
+def test_a_huge_integer_in_a_source_file_is_a_named_error_in_our_words(tmp_path, fixture, file, error, what, hint):
+    """config.json, a shard header, the index: every JSON the tool reads goes through one parser."""
+    from robust_helpers import read_raw_header, write_raw_header
+
+    src = Path(shutil.copytree(FIXTURES / fixture, tmp_path / "src"))
+    path = src / file
+    if file.endswith(".safetensors"):
+        header, data = read_raw_header(path)
+        write_raw_header(path, with_huge_int(header), data)
+    else:
+        path.write_bytes(with_huge_int(path.read_bytes()))
+    expected = {"ok": False, "schema": 1, "error": error, "message": huge_int_message(what.format(path=path)),
+                "hint": hint, "exit_code": 3}
+    for command in (["convert", str(src), str(tmp_path / "out")], ["inspect", str(src)]):
+        result = runner.invoke(app, [*command, "--json"])
+        assert result.exit_code == 3 and "Traceback" not in result.output
+        assert json.loads(result.stdout) == {**expected, "command": command[0]}
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("file", ["quant_model_description.json", "ascendconv_provenance.json"])
+def test_a_huge_integer_in_a_package_file_is_a_package_error_in_our_words(converted, tmp_path, file):
+    from ascendconv.errors import PackageError
+
+    package = Path(shutil.copytree(converted(DENSE), tmp_path / "pkg"))
+    path = package / file
+    path.write_bytes(with_huge_int(path.read_bytes()))
+    for command in ("inspect", "verify"):
+        result = runner.invoke(app, [command, str(package), "--json"])
+        assert result.exit_code == 3 and "Traceback" not in result.output
+        assert json.loads(result.stdout) == {"ok": False, "schema": 1, "command": command, "error": "PackageError",
+                                             "message": huge_int_message(path), "hint": PackageError.default_hint,
+                                             "exit_code": 3}

@@ -16,6 +16,7 @@ import mmap
 import os
 import signal
 import stat
+import sys
 import threading
 from pathlib import Path
 from typing import Iterator
@@ -198,8 +199,19 @@ def parse_json_bytes(data: bytes, what: str, error: type[AscendconvError]) -> ob
         raise error(f"{what} is not valid JSON: not UTF-8 ({exc.reason} at byte {exc.start})") from None
     except RecursionError:
         raise error(f"{what} is not valid JSON: nested too deeply to read") from None
-    except ValueError as exc:  # JSONDecodeError, and integers beyond Python's digit limit
+    except json.JSONDecodeError as exc:
         raise error(f"{what} is not valid JSON ({clip(str(exc))})") from None
+    except ValueError:  # the one other: an integer of more digits than int() converts (Python 3.11+)
+        raise error(
+            f"{what} holds an integer of more than {_int_digits():,} digits, longer than any value such a file holds: "
+            "it is damaged or was edited",
+            None if error.default_hint else "replace it with an intact copy (download it again)",
+        ) from None
+
+
+def _int_digits() -> int:
+    """The most digits int() converts (sys.get_int_max_str_digits, Python 3.11+ and late 3.10)."""
+    return getattr(sys, "get_int_max_str_digits", lambda: 4300)()
 
 
 def json_depth(value: object) -> int:
