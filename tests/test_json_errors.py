@@ -59,3 +59,39 @@ def test_an_os_error_no_check_foresaw_is_a_named_environment_error(monkeypatch, 
         assert data["hint"].startswith("check the path and the disk")
     else:
         assert result.stdout == "" and f"error: {message}" in result.stderr
+
+
+SCHEMES = "'w8a8-mxfp8', 'w4a8-mxfp', 'w4a8-mxfp-moe', 'w4a16-mxfp4-moe', 'w4a4-mxfp4', 'w4a4-mxfp4-moe', 'native'"
+
+
+@pytest.mark.parametrize("argv, command, code, message, hint, usage", [
+    (["convert", "--json", "--bogus-option", "x", "y"], "convert", "NoSuchOption", "No such option: --bogus-option", None,
+     "Usage: ascendconv convert [OPTIONS] {SRC} {OUT}\nTry 'ascendconv convert -h' for help.\n"),
+    (["convert", "--json"], "convert", "MissingParameter", "Missing argument 'SRC'.", None,
+     "Usage: ascendconv convert [OPTIONS] {SRC} {OUT}\nTry 'ascendconv convert -h' for help.\n"),
+    (["convert", "x", "y", "--scheme", "w4a8-mxfp4", "--json"], "convert", "BadParameter",
+     f"Invalid value for '--scheme': 'w4a8-mxfp4' is not one of {SCHEMES}.", "did you mean 'w4a8-mxfp'?",
+     "Usage: ascendconv convert [OPTIONS] {SRC} {OUT}\nTry 'ascendconv convert -h' for help.\n"),
+    (["bogus", "--json"], None, "UsageError", "No such command 'bogus'.", None,
+     "Usage: ascendconv [OPTIONS] COMMAND [ARGS]...\nTry 'ascendconv -h' for help.\n"),
+])
+def test_a_parser_error_under_json_is_the_envelope_and_on_stderr_only_its_error_and_hint(argv, command, code, message, hint, usage):
+    """Under --json Click's usage text ("Usage: ... Try ... Error: ...") came on stderr beside the
+    envelope: stderr now reads as every other error's does under --json, `error:` and `hint:`."""
+    result = runner.invoke(app, argv)
+    assert result.exit_code == 2
+    assert json.loads(result.stdout) == {"ok": False, "schema": 1, "command": command, "error": code,
+                                         "message": message, "hint": hint, "exit_code": 2}
+    assert result.stderr == f"error: {message}\n" + (f"hint: {hint}\n" if hint else "")
+    # without --json: Click's usage text as it was, the hint after it, stdout empty
+    plain = runner.invoke(app, [a for a in argv if a != "--json"], prog_name="ascendconv")
+    assert plain.exit_code == 2 and plain.stdout == ""
+    assert plain.stderr == f"{usage}\nError: {message}\n" + (f"hint: {hint}\n" if hint else "")
+
+
+def test_a_parser_error_and_a_library_error_read_alike_on_stderr_under_json(tmp_path):
+    library = runner.invoke(app, ["convert", str(tmp_path / "nowhere"), str(tmp_path / "out"), "--json"])
+    parser = runner.invoke(app, ["convert", str(tmp_path / "nowhere"), str(tmp_path / "out"), "--tp", "x", "--json"])
+    for result in (library, parser):
+        data = json.loads(result.stdout)
+        assert result.stderr == f"error: {data['message']}\n" + (f"hint: {data['hint']}\n" if data["hint"] else "")

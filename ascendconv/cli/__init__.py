@@ -32,8 +32,9 @@ atexit.register(gc.freeze)
 
 class CommandLine(TyperGroup):
     """The group every command hangs on: an option parser's usage error (an unknown option, a value
-    not among the choices) is printed with a "did you mean" where one is close, and, when --json was
-    given, also as the one JSON error object on stdout that every other error prints."""
+    not among the choices) is printed with a "did you mean" where one is close; when --json was
+    given, as every other error is: the one JSON error object on stdout, and on stderr its message
+    and hint alone (Click's usage text, meant for a person at a terminal, is left out)."""
 
     def invoke(self, ctx):
         """The command; a reader of stdout that left ends it as `leave_broken_pipe` says (Click's own
@@ -50,13 +51,13 @@ class CommandLine(TyperGroup):
         try:
             code = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
         except typer.TyperException as exc:  # Click's usage errors, raised by the option parser
-            exc.show()
             hint = usage_hint(exc)
-            if hint:
-                err.print(f"[dim]hint:[/] {escape(hint)}", highlight=False, soft_wrap=True)
             if "--json" in argv:
                 command = next((a for a in argv if a in self.commands), None)
-                dump_envelope(error_envelope(command, type(exc).__name__, exc.format_message(), hint, exc.exit_code))
+                report(command, type(exc).__name__, exc.format_message(), hint, exc.exit_code, as_json=True)
+            else:
+                exc.show()
+                show_hint(hint)
             sys.exit(exc.exit_code)
         except typer.Abort:
             typer.echo("Aborted!", err=True)
@@ -94,12 +95,22 @@ def main(
 
 
 def report_error(exc: AscendconvError, as_json: bool, command: str | None) -> None:
+    report(command, exc.code, exc.message, exc.hint, exc.exit_code, as_json)
+
+
+def report(command: str | None, code: str, message: str, hint: str | None, exit_code: int, as_json: bool) -> None:
+    """An error as every command shows it: `error: ...` and `hint: ...` on stderr, and under --json
+    the envelope on stdout first."""
     if as_json:
-        dump_envelope(error_envelope(command, exc.code, exc.message, exc.hint, exc.exit_code))
+        dump_envelope(error_envelope(command, code, message, hint, exit_code))
     # soft_wrap: a message names files and tensors; never break it inside a name
-    err.print(f"[bold red]error:[/] {escape(exc.message)}", highlight=False, soft_wrap=True)
-    if exc.hint:
-        err.print(f"[dim]hint:[/] {escape(exc.hint)}", highlight=False, soft_wrap=True)
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    show_hint(hint)
+
+
+def show_hint(hint: str | None) -> None:
+    if hint:
+        err.print(f"[dim]hint:[/] {escape(hint)}", highlight=False, soft_wrap=True)
 
 
 def run(action: Callable[[], object], as_json: bool, command: str) -> object:
