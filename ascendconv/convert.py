@@ -124,6 +124,12 @@ def check_deployment(source: Source, plan: Plan) -> None:
     deployment = plan.deployment
     if deployment.tp == 1:
         return
+    # first: heads that do not divide refuse the deployment whatever the weights, and no --override
+    # or other type (the split check's hint) would make vLLM serve it
+    heads = heads_problem(source.config, deployment.tp)
+    if heads:
+        why, fix = heads
+        raise BadOptionError(f"--tp {deployment.tp}: {why}", fix)
     from ascendconv.verify.checks import CHECKS  # only here: a dry run imports nothing of verify
     from ascendconv.verify.structure import kv_head_count, split_problem
 
@@ -139,10 +145,6 @@ def check_deployment(source: Source, plan: Plan) -> None:
     if problems:
         shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
         raise BadOptionError(f"--tp {deployment.tp}: the package could not be served: {shown}", CHECKS["tp"].hint)
-    heads = heads_problem(source.config, deployment.tp)
-    if heads:
-        why, fix = heads
-        raise BadOptionError(f"--tp {deployment.tp}: {why}", fix)
 
 
 def convert(

@@ -29,14 +29,45 @@ MOE = "qwen3-moe-fp8"
 NUMPY_TYPES = {"BF16": ml_dtypes.bfloat16, "F64": np.float64, "I32": np.int32, "U8": np.uint8}
 
 
-def test_a_tp_the_package_could_not_be_served_under_is_refused_naming_the_layers(tmp_path):
+def with_heads(fixture_copy, heads: int):
+    """The dense fixture (2 attention heads, linears that split over 2 ranks but not 3) with `heads`."""
+    root = fixture_copy(DENSE)
+    config = json.loads((root / "config.json").read_text())
+    config["num_attention_heads"] = heads
+    (root / "config.json").write_text(json.dumps(config))
+    return root
+
+
+def test_a_tp_the_package_could_not_be_served_under_is_refused_naming_the_layers(fixture_copy, tmp_path):
+    src = with_heads(fixture_copy, 6)  # heads that divide over 3 ranks: the splits alone are at fault
     with pytest.raises(BadOptionError, match=r"--tp 3: the package could not be served: ") as refused:
-        convert(FIXTURES / DENSE, tmp_path / "out", ConvertOptions(deployment=Deployment(tp=3)))
+        convert(src, tmp_path / "out", ConvertOptions(deployment=Deployment(tp=3)))
     assert "model.layers.0.self_attn.q_proj (W8A8_MXFP8, column-parallel): N=128 does not split over 3 ranks" in str(refused.value)
     assert "--override" in refused.value.hint
     assert not (tmp_path / "out").exists()
-    result = runner.invoke(app, ["convert", str(FIXTURES / DENSE), str(tmp_path / "out"), "--tp", "3", "--dry-run"])
+    result = runner.invoke(app, ["convert", str(src), str(tmp_path / "out"), "--tp", "3", "--dry-run"])
     assert result.exit_code == 2 and "could not be served" in result.stderr
+
+
+HEADS_REFUSED = "config.json: 2 attention heads do not divide over 3 ranks, and vLLM refuses such a deployment"
+HEADS_FIX = "choose a --tp that divides the number of attention heads"
+
+
+def test_heads_a_tp_does_not_divide_are_the_reason_given_before_splits_that_do_not_align(converted, tmp_path):
+    """--tp 3 on the dense fixture: 2 heads do not divide over 3 ranks and its linears do not split
+    either. convert named the splits, with a hint to --override types, which cannot help: vLLM
+    refuses the deployment for its heads whatever the weights."""
+    for dry_run in ([], ["--dry-run"]):
+        result = runner.invoke(app, ["convert", str(FIXTURES / DENSE), str(tmp_path / "out"), "--tp", "3", *dry_run, "--json"])
+        assert result.exit_code == 2
+        assert json.loads(result.stdout) == {"ok": False, "schema": 1, "command": "convert", "error": "BadOptionError",
+                                             "message": f"--tp 3: {HEADS_REFUSED}", "hint": HEADS_FIX, "exit_code": 2}
+        assert not (tmp_path / "out").exists()
+    # inspect warns of the heads alone; verify's tp check leads with them and gives their fix
+    assert inspect_path(FIXTURES / DENSE, deployment=Deployment(tp=3)).warnings == [HEADS_REFUSED]
+    tp = verify(converted(DENSE), VerifyOptions(tp=3, checksums=False)).check("tp")
+    assert (tp.ok, tp.problems[0], tp.hint) == (False, HEADS_REFUSED, HEADS_FIX)
+    assert "model.layers.0.self_attn.q_proj (W8A8_MXFP8, column-parallel): N=128 does not split over 3 ranks (N/T = 42.6667)" in tp.problems
 
 
 def test_a_tp_convert_accepts_is_one_its_verify_accepts(tmp_path):

@@ -342,7 +342,10 @@ def check_tp(lay: _Layout, tp: int, ep: bool = False) -> Check:
         problem = split_problem(prefix, module.label, module.n, module.k, routed, Deployment(tp, ep), kv_heads, lay.rules)
         if problem:
             problems.append(problem)
-    return make_check("tp", problems, f"{checked} split linears align under --tp {tp}")
+    check = make_check("tp", problems, f"{checked} split linears align under --tp {tp}")
+    if heads:  # vLLM refuses the deployment whatever the splits: its fix is the one to give, as convert does
+        check.hint = heads[1]
+    return check
 
 
 def check_unknown_tp(recorded: object) -> Check:
