@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import filecmp
 import json
+import os
 import shutil
 import signal
 import statistics
@@ -29,10 +30,14 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 import bench  # noqa: E402  (the synthetic checkpoint builder)
 
+# One date for every run: the provenance records when a package was written (docs/package.md), and
+# the packages of one repetition are compared whole, byte for byte.
+RUN_ENV = {**os.environ, "SOURCE_DATE_EPOCH": "1764633600"}
+
 
 def timed(args: list[str]) -> tuple[float, str]:
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "ascendconv", *args], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "ascendconv", *args], capture_output=True, text=True, env=RUN_ENV)
     subprocess.run(["sync"], check=True)
     if done.returncode != 0:
         raise SystemExit(f"ascendconv {' '.join(args)} failed ({done.returncode}): {done.stderr}")
@@ -52,7 +57,7 @@ def stop_half_way(src: Path, out: Path, options: list[str], shards: int) -> tupl
     started = time.perf_counter()
     process = subprocess.Popen(
         [sys.executable, "-m", "ascendconv", "convert", str(src), str(out), "--resume", "--quiet", *options],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=RUN_ENV,
     )
     finished: list[str] = []
     while process.poll() is None and len(finished) < shards // 2:
