@@ -22,7 +22,7 @@ from ascendconv.ascendv1 import (
     SourceRecord,
     package_date,
 )
-from ascendconv.errors import CopiedFileError
+from ascendconv.errors import CopiedFileError, plural
 from ascendconv.io.checksum import CHECKSUM, sampled_digest, tensor_sampled_digest
 from ascendconv.io.files import MAX_COPIED_BYTES, copy_regular, read_regular_bytes, write_new
 from ascendconv.io.hfcache import cached_repo
@@ -297,7 +297,7 @@ def model_card(plan: Plan, provenance: ProvenanceRecord, original: str | None) -
         f"| scale rule, resolve dtype | `{plan.scale_rule}`, `{plan.resolve_dtype}` |",
         f"| model_quant_type | `{plan.model_quant_type}` |",
         f"| tensors | {', '.join(f'{n} {t}' for t, n in plan.tensor_counts().items() if n)} |",
-        f"| size | {_size(plan.bytes_out)} of tensors (the source: {_size(plan.bytes_in)}) in {len(plan.shards)} shard(s) |",
+        f"| size | {_size(plan.bytes_out)} of tensors (the source: {_size(plan.bytes_in)}) in {plural(len(plan.shards), 'shard')} |",
         f"| planned for | `--tp {deployment.tp}`" + (" `--ep`" if deployment.ep else "")
         + (" `--shared-experts-as-routed`" if deployment.shared_experts_as_routed else "") + " |",
     ]

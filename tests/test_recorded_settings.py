@@ -88,7 +88,7 @@ def test_a_w8a8_package_recorded_as_w4a8_mxfp_fails_provenance(converted, tmp_pa
     assert [c.name for c in report.failed] == ["provenance"]
     problem = (
         f"{PROVENANCE}: scheme w4a8-mxfp writes W4A8_MXFP linears and W4A8_MXFP routed experts, but 62 described "
-        "tensor(s) are W8A8_MXFP8 (e.g. 'model.layers.0.mlp.experts.0.down_proj.weight'), which no recorded fallback "
+        "tensors are W8A8_MXFP8 (e.g. 'model.layers.0.mlp.experts.0.down_proj.weight'), which no recorded fallback "
         "or override writes: the package was not converted with the scheme recorded"
     )
     assert report.check("provenance").problems == [problem]
@@ -99,7 +99,7 @@ def test_a_w4a8_moe_deepseek_package_recorded_as_w8a8_fails_provenance_with_moe_
     pkg = relabelled(converted, tmp_path, DEEPSEEK, "w4a8-mxfp-moe", "w8a8-mxfp8")
     report = verify(pkg, VerifyOptions(source=FIXTURES / DEEPSEEK, moe_check=True))
     assert [c.name for c in report.failed] == ["provenance"]
-    assert "24 described tensor(s) are W4A8_MXFP" in report.check("provenance").detail
+    assert "24 described tensors are W4A8_MXFP" in report.check("provenance").detail
 
 
 def test_a_relabel_only_the_source_can_tell_is_caught_by_the_recomputed_plan(converted, tmp_path):
@@ -110,7 +110,7 @@ def test_a_relabel_only_the_source_can_tell_is_caught_by_the_recomputed_plan(con
     report = verify(pkg, VerifyOptions(source=FIXTURES / MOE))
     assert [c.name for c in report.failed] == ["provenance"]
     assert report.check("provenance").problems == [
-        f"{PROVENANCE}: scheme w4a8-mxfp-moe (with the recorded overrides and deployment) plans 24 module(s) of this "
+        f"{PROVENANCE}: scheme w4a8-mxfp-moe (with the recorded overrides and deployment) plans 24 modules of this "
         "source as W4A8_MXFP that the description holds as W8A8_MXFP8 (e.g. 'model.layers.0.mlp.experts.0.down_proj'): "
         "the package was not converted with the scheme recorded"
     ]

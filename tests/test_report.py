@@ -154,7 +154,7 @@ def test_a_failed_verify_still_writes_its_report(measured, tmp_path):
     result = runner.invoke(app, ["verify", str(broken), "--report", str(tmp_path / "r.html")])
     assert result.exit_code == 1
     page = (tmp_path / "r.html").read_text()
-    assert '<span class="verdict fail">FAILED: 2 check(s) failed: config, copies</span>' in page
+    assert '<span class="verdict fail">FAILED: 2 checks failed: config, copies</span>' in page
 
 
 def test_terminal_strip_has_a_mark_per_layer_per_kind(measured):

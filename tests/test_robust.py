@@ -616,7 +616,7 @@ def test_nan_in_a_copied_float_tensor_is_carried_and_recognised(fixture_copy, tm
         result = invoke("verify", out, "--json", *extra)
         assert result.exit_code == 0, result.stdout
         payload = next(c for c in json.loads(result.stdout)["checks"] if c["name"] == "payload")
-        assert "4 NaN/Inf value(s) in 1 FLOAT tensor(s) the source held" in payload["detail"]
+        assert "the 4 NaN/Inf values in 1 FLOAT tensor the source held" in payload["detail"]
 
     # one more NaN in the package, checksum resealed: no longer what the source held
     from ascendconv.io.safetensors import read_header
@@ -635,7 +635,7 @@ def test_nan_in_a_copied_float_tensor_is_carried_and_recognised(fixture_copy, tm
     report = json.loads(result.stdout)
     assert result.exit_code == 1 and "payload" in report["failed"]
     payload = next(c for c in report["checks"] if c["name"] == "payload")
-    assert any("holds 5 NaN/Inf value(s); the source held 4" in p for p in payload["problems"])
+    assert any("holds 5 NaN/Inf values; the source held 4" in p for p in payload["problems"])
 
 
 def test_nonfinite_count_reads_bits():

@@ -291,7 +291,7 @@ def test_package_with_sha256_checksums_still_verifies(package):
     as_sha256_package(pkg)
     report = verify(pkg)
     assert report.ok
-    assert report.check("checksums").detail.startswith("1 shard(s) match the sha256 recorded at conversion:")
+    assert report.check("checksums").detail.startswith("1 shard matches the sha256 recorded at conversion: it holds ")
     raw = bytearray((pkg / SHARD).read_bytes())
     raw[-1] ^= 0x01
     (pkg / SHARD).write_bytes(bytes(raw))
@@ -424,7 +424,7 @@ def test_a_shard_whose_checksum_matches_is_hashed_not_scanned(package, monkeypat
     monkeypatch.setattr(verify_integrity, "_scan_chunk", lambda lay, entry, *args: scanned.append(entry.name))
     report = verify(pkg)
     assert report.ok and scanned == []
-    assert "1 shard(s) not scanned: their checksums match" in report.check("scales").detail
+    assert "1 shard not scanned: its checksum matches, so it holds the bytes" in report.check("scales").detail
     verify(pkg, VerifyOptions(checksums=False))
     assert Q + ".weight" in scanned and Q + ".weight_scale" in scanned
 
@@ -550,7 +550,7 @@ def test_changed_payload_byte_caught_by_exact(package):
     assert verify(pkg).ok
     report = verify(pkg, VerifyOptions(source=FIXTURES / DENSE, exact="sample"))
     assert failed(report) == {"exact"}
-    assert f"{name!r} payload: 1 byte(s) in 1 row(s) differ from the reference; first at row 0, byte 11" in problems(report, "exact")
+    assert f"{name!r} payload: 1 byte in 1 row differs from the reference; first at row 0, byte 11" in problems(report, "exact")
 
 
 # --- tampering: a package damaged, then resealed (checksums re-recorded), against its source ------
@@ -619,7 +619,7 @@ def test_resealed_tampering_is_caught_by_source_naming_tensor_and_row(package, s
     assert "exact" in failed(report) and failed(report) <= {"exact", "accuracy"}
     message = problems(report, "exact")
     assert f"{tensor!r} {what}:" in message and f"first at row {row}," in message
-    assert "row(s) differ from the reference" in message
+    assert " in 1 row differ" in message  # "1 byte in 1 row differs", "3 bytes in 1 row differ"
 
 
 def test_sample_rederives_a_seeded_share_of_every_weight(converted):

@@ -55,7 +55,7 @@ def test_the_provenance_records_every_small_file_and_every_shard_size(package):
     for name, entry in prov["shards"].items():
         assert entry["size"] == (pkg / name).stat().st_size
     report = verify(pkg, VerifyOptions(source=FIXTURES / DENSE))
-    assert report.ok and "carried file(s) match the source's" in report.check("copies").detail
+    assert report.ok and "carried files match the source's" in report.check("copies").detail
 
 
 def test_a_truncated_tokenizer_fails_without_a_source(package):

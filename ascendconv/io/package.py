@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from ascendconv.errors import HeaderError, NotFoundError, PackageAsSourceError, PackageError, PartDirectoryError, shown
+from ascendconv.errors import (
+    HeaderError, NotFoundError, PackageAsSourceError, PackageError, PartDirectoryError, plural, shown,
+)
 from ascendconv.io.files import file_size, read_json_object
 from ascendconv.formats.constants import FLOAT
 from ascendconv.io.safetensors import SafetensorsHeader, TensorEntry, read_header
@@ -172,8 +174,9 @@ class Package:
                 strays.setdefault(label, []).append(name)
         return [
             f"{PROVENANCE_NAME}: scheme {scheme} writes {row.linear} linears and {row.expert} routed experts, but "
-            f"{len(names)} described tensor(s) are {label} (e.g. {shown(names[0])}), which no recorded fallback or "
-            "override writes: the package was not converted with the scheme recorded"
+            f"{plural(len(names), 'described tensor')} {'is' if len(names) == 1 else 'are'} {label} "
+            f"(e.g. {shown(names[0])}), which no recorded fallback or override writes: the package was not "
+            "converted with the scheme recorded"
             for label, names in strays.items()
         ]
 

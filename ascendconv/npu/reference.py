@@ -40,6 +40,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ascendconv.errors import plural
 from ascendconv.formats import constants, elements, mx
 
 __all__ = [
@@ -151,7 +152,7 @@ class GmmSituInputs:
             raise ValueError(f"w_scales must have shape {(e, n, k // GROUP)}, got {self.w_scales.shape}")
         nan_codes = np.isin(self.x_codes, np.asarray(constants.E4M3_NAN_CODES, dtype=np.uint8))
         if nan_codes.any():
-            raise ValueError(f"x_codes holds {int(nan_codes.sum())} E4M3 NaN code(s) (0x7F/0xFF)")
+            raise ValueError(f"x_codes holds {plural(int(nan_codes.sum()), 'E4M3 NaN code')} (0x7F/0xFF)")
         for name, sc in (("x_scales", self.x_scales), ("w_scales", self.w_scales)):
             if (sc == constants.E8M0_NAN).any():
                 raise ValueError(f"{name} holds the E8M0 NaN byte {constants.E8M0_NAN}")

@@ -14,7 +14,7 @@ from typing import Iterator
 import numpy as np
 
 from ascendconv.ascendv1 import PROVENANCE_NAME, SOURCE_DATA_KEY
-from ascendconv.errors import HeaderError, NaNCodeError, NonFiniteScaleError, NonFiniteValueError
+from ascendconv.errors import HeaderError, NaNCodeError, NonFiniteScaleError, NonFiniteValueError, plural
 from ascendconv.formats import requantize
 from ascendconv.ascendv1 import MX_TYPES, QUANT_TYPES
 from ascendconv.formats.constants import FLOAT, GROUP_SIZE, RESOLVE_DTYPES, SCALE_RULES, transform_for
@@ -75,7 +75,8 @@ class _Differences:
             return None
         row, byte, got, want = self.first
         return (
-            f"{self.name!r} {self.what}: {self.count} byte(s) in {len(self.rows)} row(s) differ from the reference; "
+            f"{self.name!r} {self.what}: {plural(self.count, 'byte')} in {plural(len(self.rows), 'row')} "
+            f"{'differs' if self.count == 1 else 'differ'} from the reference; "
             f"first at row {row}, byte {byte}: package 0x{got:02X}, reference 0x{want:02X}"
         )
 

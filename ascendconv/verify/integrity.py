@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 
 from ascendconv.ascendv1 import PROVENANCE_NAME, QUANT_TYPES
-from ascendconv.errors import HeaderError, shown
+from ascendconv.errors import HeaderError, plural, shown
 from ascendconv.formats.constants import E8M0_NAN, RESOLVE_DTYPES, SCALE_RULES
 from ascendconv.io.checksum import ALGORITHMS, file_digest, recorded_checksum
 from ascendconv.io.files import file_size
@@ -41,8 +41,9 @@ class _ScanFindings:
         if not self.vouched:
             return what
         return (
-            f"{what} ({len(self.vouched)} shard(s) not scanned: their checksums match, so they hold the bytes "
-            "convert wrote and checked)"
+            f"{what} ({plural(len(self.vouched), 'shard')} not scanned: "
+            + ("its checksum matches, so it holds" if len(self.vouched) == 1 else "their checksums match, so they hold")
+            + " the bytes convert wrote and checked)"
         )
 
 
@@ -156,7 +157,7 @@ def check_payload(findings: _ScanFindings) -> Check:
         got = findings.nonfinite.get(name)
         if got is not None and got != want:
             problems.append(
-                f"{shown(name)} holds {got} NaN/Inf value(s); the source held {want} (recorded at conversion)"
+                f"{shown(name)} holds {plural(got, 'NaN/Inf value')}; the source held {want} (recorded at conversion)"
             )
     detail = "no NaN codes in FP8 payloads, no NaN/Inf in floats"
     # scanned counts, or the recorded ones where a matching checksum vouched for the shard
@@ -164,7 +165,7 @@ def check_payload(findings: _ScanFindings) -> Check:
     carried = sum(counts.values())
     if carried and not problems:
         detail += (
-            f" but the {carried} NaN/Inf value(s) in {len(counts)} FLOAT tensor(s) the source held "
+            f" but the {plural(carried, 'NaN/Inf value')} in {plural(len(counts), 'FLOAT tensor')} the source held "
             "(recorded at conversion)"
         )
     return make_check("payload", problems, findings.detail(detail))
@@ -247,9 +248,9 @@ def _planned_type_problems(lay: _Layout, source) -> list[str]:
         if isinstance(label, str) and label in QUANT_TYPES and label != decision.written:
             differing.setdefault((decision.written, label), []).append(prefix)
     return [
-        f"{PROVENANCE_NAME}: scheme {record.scheme} (with the recorded overrides and deployment) plans {len(prefixes)} "
-        f"module(s) of this source as {planned} that the description holds as {label} (e.g. {shown(prefixes[0])}): "
-        "the package was not converted with the scheme recorded"
+        f"{PROVENANCE_NAME}: scheme {record.scheme} (with the recorded overrides and deployment) plans "
+        f"{plural(len(prefixes), 'module')} of this source as {planned} that the description holds as {label} "
+        f"(e.g. {shown(prefixes[0])}): the package was not converted with the scheme recorded"
         for (planned, label), prefixes in sorted(differing.items())
     ]
 
@@ -282,8 +283,9 @@ def check_checksums(lay: _Layout, findings: _ScanFindings) -> Check:
     return make_check(
         "checksums",
         problems,
-        f"{checked} shard(s) match the {named} recorded at conversion: they hold the bytes written then, unless "
-        "shard and provenance were both rewritten (only --source can tell)",
+        f"{plural(checked, 'shard')} {'matches' if checked == 1 else 'match'} the {named} recorded at conversion: "
+        f"{'it holds' if checked == 1 else 'they hold'} the bytes written then, unless shard and provenance were both "
+        "rewritten (only --source can tell)",
     )
 
 
@@ -318,9 +320,10 @@ def check_copies(lay: _Layout, source=None) -> Check:
     if source is not None:
         compared, source_problems = _copies_against_source(lay, source)
         problems += source_problems
-    detail = f"{len(recorded)} file(s) have the sha256 recorded at conversion"
+    has = "has" if len(recorded) == 1 else "have"
+    detail = f"{plural(len(recorded), 'file')} {has} the sha256 recorded at conversion"
     if source is not None:
-        detail += f"; {compared} carried file(s) match the source's"
+        detail += f"; {plural(compared, 'carried file')} {'matches' if compared == 1 else 'match'} the source's"
     return make_check("copies", problems, detail)
 
 

@@ -8,6 +8,7 @@ from typing import Iterator
 import numpy as np
 
 from ascendconv.ascendv1 import QUANT_TYPES, MoeCheck
+from ascendconv.errors import plural
 from ascendconv.formats import elements
 from ascendconv.formats.constants import E4M3, GROUP_SIZE, W4A8_MXFP
 from ascendconv.formats.metrics import ErrorAccumulator
@@ -235,7 +236,7 @@ def _run_moe(lay: _Layout, source, options: VerifyOptions, progress: Progress | 
                     f"{layer} ({quant_type}): MoE output rel. error {report.rel_err:.4f} > {report.max_rel_err:g} "
                     f"(SiTU output {report.rel_err_situ:.4f})"
                 )
-    detail = f"{len(reports)} of {len(layers)} MoE layer(s)"
+    detail = f"{len(reports)} of {plural(len(layers), 'MoE layer')}"
     if reports:
         detail += f"; worst output rel. error {max(r.rel_err for r in reports):.4f}"
     check = make_check("moe", problems, detail)

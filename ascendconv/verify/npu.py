@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from ascendconv.errors import NpuUnavailableError
+from ascendconv.errors import NpuUnavailableError, plural
 from ascendconv.formats import mx
 from ascendconv.formats.constants import E4M3, W4A8_MXFP
 from ascendconv.io.rules import moe_layers
@@ -104,7 +104,7 @@ def _run_npu(lay: _Layout, options: VerifyOptions, progress: Progress | None) ->
                 )
             if progress:
                 progress("npu", i + 1, len(chosen))
-    detail = f"{len(reports)} W4A8_MXFP MoE layer(s) on {reason}"
+    detail = f"{plural(len(reports), 'W4A8_MXFP MoE layer')} on {reason}"
     if reports:
         detail += f"; worst rel. error {max(r.rel_err for r in reports):.4f} (tolerance {options.npu_tol:g})"
     check = make_check("npu", problems, detail)

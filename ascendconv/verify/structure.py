@@ -17,7 +17,7 @@ from ascendconv.ascendv1 import (
     SINGLE_SHARD_NAME,
     quant_type_named,
 )
-from ascendconv.errors import shown
+from ascendconv.errors import plural, shown
 from ascendconv.formats.constants import FLOAT, GROUP_SIZE
 from ascendconv.io.rules import BLOCK_FP8_SCALE_SUFFIX, moe_coverage_problems
 from ascendconv.decide import (
@@ -79,7 +79,7 @@ def check_files(lay: _Layout) -> Check:
     users = Counter(lay.pkg.weight_map.values()) if lay.missing else Counter()
     for missing in lay.missing:
         if lay.index is not None:
-            problems.append(f"shard {missing} is named by {INDEX_NAME} for {users[missing]} tensor(s) but is missing")
+            problems.append(f"shard {missing} is named by {INDEX_NAME} for {plural(users[missing], 'tensor')} but is missing")
         elif not any(SHARD_PATTERN.match(f) for f in lay.present):
             problems.append(f"no {INDEX_NAME} and no {SINGLE_SHARD_NAME}: the package has no weights")
     if lay.index is not None:
@@ -103,7 +103,7 @@ def check_files(lay: _Layout) -> Check:
         )
     if not (lay.root / "config.json").is_file():
         problems.append("config.json is missing: vLLM cannot build the model")
-    return make_check("files", problems, f"{len(lay.expected)} shard(s), no stray *.safetensors")
+    return make_check("files", problems, f"{plural(len(lay.expected), 'shard')}, no stray *.safetensors")
 
 
 def check_config(lay: _Layout) -> Check:
@@ -166,7 +166,7 @@ def check_description(lay: _Layout) -> Check:
 def check_headers(lay: _Layout) -> Check:
     problems = [why if file in why else f"{file}: {why}" for file, why in sorted(lay.broken.items())]
     problems += [f"tensor {shown(n)} is in both {a} and {b}" for n, a, b in lay.duplicates]
-    return make_check("headers", problems, f"{len(lay.headers)} shard header(s) valid, offsets in bounds")
+    return make_check("headers", problems, f"{plural(len(lay.headers), 'shard header')} valid, offsets in bounds")
 
 
 def check_index(lay: _Layout) -> Check:
@@ -303,7 +303,11 @@ def check_packed_groups(lay: _Layout) -> Check:
             parts.append(f"{label}: {shown}")
         kind = "MoE layer" if group.endswith(".experts") else "packed module"
         problems.append(f"{kind} {group} mixes types ({'; '.join(parts)}); the loader refuses the model")
-    return make_check("packed_groups", problems, f"{len(groups)} packed group(s) and MoE layer(s), each of one type")
+    moe = sum(1 for group in groups if group.endswith(".experts"))
+    return make_check(
+        "packed_groups", problems,
+        f"{plural(len(groups) - moe, 'packed group')} and {plural(moe, 'MoE layer')}, each of one type",
+    )
 
 
 def split_problem(

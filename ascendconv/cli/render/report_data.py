@@ -9,6 +9,8 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from ascendconv.errors import plural
+
 # 'model.layers.12.mlp.experts.37.down_proj.weight' -> root 'model.', layer 12, the rest
 _LAYER = re.compile(r"^(?P<root>(?:.*\.)?)layers\.(?P<layer>\d+)\.(?P<rest>.+)$")
 _NUMBER = re.compile(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.)")
@@ -181,8 +183,8 @@ def verdict(report: dict) -> str:
     checks = report.get("checks", [])
     passed = sum(1 for c in checks if c["ok"] and not c.get("skipped"))
     if report.get("ok"):
-        return f"OK: {passed} check(s) passed"
-    return f"FAILED: {len(report.get('failed', []))} check(s) failed: {', '.join(report.get('failed', []))}"
+        return f"OK: {plural(passed, 'check')} passed"
+    return f"FAILED: {plural(len(report.get('failed', [])), 'check')} failed: {', '.join(report.get('failed', []))}"
 
 
 def check_result(check: dict) -> str:

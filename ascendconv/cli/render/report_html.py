@@ -20,6 +20,7 @@ from ascendconv.cli.render.report_data import (
     type_figures,
     verdict,
 )
+from ascendconv.errors import plural
 
 # SQNR colour scale, in dB: fixed, so that a colour means the same in every report. Low is dark
 # (viridis-like steps, legible for colour-blind readers); MXFP4 weights sit near 19 dB, MXFP8 near 30.
@@ -88,7 +89,7 @@ def heat_map(report: dict) -> str:
             fill = colour(cell.worst_db)
             stroke = ' stroke="#e00000" stroke-width="2.5"' if cell.failed else ' stroke="#fff" stroke-width="1"'
             tip = (f"{label} · {kind} · {cell.type_label} · worst {_db(cell.worst_db)} dB ({cell.worst}) · "
-                   f"{cell.tensors} weight(s)" + (f" · {cell.failed} FAILED" if cell.failed else ""))
+                   + plural(cell.tensors, "weight") + (f" · {cell.failed} FAILED" if cell.failed else ""))
             parts.append(f'<g class="cell" data-layer="{e(row)}" data-kind="{e(kind)}">'
                          f'<rect x="{x}" y="{y}" width="{CELL_W}" height="{CELL_H}" fill="{fill}"{stroke}>'
                          f"<title>{e(tip)}</title></rect>")
@@ -164,7 +165,7 @@ def _checks(report: dict) -> str:
         if problems:
             listed = "".join(f"<li><code>{e(p)}</code></li>" for p in problems[:PROBLEMS_LISTED])
             extra = f"<li>… and {len(problems) - PROBLEMS_LISTED} more (see --json)</li>" if len(problems) > PROBLEMS_LISTED else ""
-            more += f"<details open><summary>{len(problems)} problem(s)</summary><ul>{listed}{extra}</ul></details>"
+            more += f"<details open><summary>{plural(len(problems), 'problem')}</summary><ul>{listed}{extra}</ul></details>"
         if check.get("hint"):
             more += f'<div class="muted">hint: {e(check["hint"])}</div>'
         rows.append([f"<code>{e(check['name'])}</code>", f'<span class="{result}">{result}</span>', e(check["detail"]) + more])

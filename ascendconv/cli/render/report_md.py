@@ -18,6 +18,7 @@ from ascendconv.cli.render.report_data import (
     type_figures,
     verdict,
 )
+from ascendconv.errors import plural
 
 WORST_LISTED = 10
 GROUPS_LISTED = 30
@@ -59,7 +60,7 @@ def render(report: dict, out: TextIO) -> None:
     for check in report.get("checks", []):
         if check["ok"] or not check.get("problems"):
             continue
-        lines += ["", f"**{code(check['name'])}**: {len(check['problems'])} problem(s)", ""]
+        lines += ["", f"**{code(check['name'])}**: {plural(len(check['problems']), 'problem')}", ""]
         lines += [f"- {code(p)}" for p in check["problems"][:PROBLEMS_LISTED]]
         if len(check["problems"]) > PROBLEMS_LISTED:
             lines.append(f"- … and {len(check['problems']) - PROBLEMS_LISTED} more (see `verify --json`)")

@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ascendconv.ascendv1 import Provenance
+from ascendconv.errors import plural
 from ascendconv.cli.render.tables import deployment_flags, elide_name, print_table, section
 
 BLOCKS = "▁▂▃▄▅▆▇█"
@@ -34,7 +35,7 @@ def render_verify(report, out: Console, top: int = 10, quiet: bool = False) -> N
         rows = [[c.name, "FAIL" if not c.ok else ("skip" if c.skipped else "pass"), c.detail] for c in report.checks]
         print_table(out, ["check", "result", "detail"], rows, elide=None, wrap=2)
     for check in report.failed:
-        out.print(f"[bold red]{check.name}[/]: {len(check.problems)} problem(s)", highlight=False)
+        out.print(f"[bold red]{check.name}[/]: {plural(len(check.problems), 'problem')}", highlight=False)
         for problem in check.problems[:8]:
             out.print(f"  - {escape(problem)}", highlight=False)
         if len(check.problems) > 8:
@@ -72,7 +73,7 @@ def render_verify(report, out: Console, top: int = 10, quiet: bool = False) -> N
         out.print(f"[bold green]OK[/]: {report.tally()} ({report.seconds:.2f} s)", highlight=False)
     else:
         names = ", ".join(c.name for c in report.failed)
-        out.print(f"[bold red]FAILED[/]: {len(report.failed)} check(s) failed: {names}", highlight=False)
+        out.print(f"[bold red]FAILED[/]: {plural(len(report.failed), 'check')} failed: {names}", highlight=False)
 
 
 ORIGINS = {
