@@ -95,3 +95,73 @@ def test_a_parser_error_and_a_library_error_read_alike_on_stderr_under_json(tmp_
     for result in (library, parser):
         data = json.loads(result.stdout)
         assert result.stderr == f"error: {data['message']}\n" + (f"hint: {data['hint']}\n" if data["hint"] else "")
+
+
+BAD_TP = "Invalid value for '--tp': 'z' is not a valid int."
+
+
+@pytest.mark.parametrize("argv, as_json", [
+    (["convert", "--json", "x", "y", "--tp", "z"], True),
+    (["convert", "x", "--json", "y", "--tp", "z"], True),
+    (["convert", "x", "y", "--tp", "z", "--json"], True),
+    (["convert", "x", "y", "--override", "a=FLOAT", "--json", "--tp", "z"], True),
+    (["convert", "x", "y", "--override", "--json", "--tp", "z"], False),  # --override's value
+    (["convert", "x", "y", "--override", "--json", "--json", "--tp", "z"], True),  # its value, then the flag
+    (["convert", "--tp", "z", "x", "--", "--json"], False),  # OUT, after a bare --
+    (["convert", "--tp", "z", "--", "x", "--json"], False),
+    (["verify", "--report", "--json", "--tp", "z", "pkg"], False),  # --report's value
+    (["verify", "--source", "--json", "pkg", "--tp", "z"], False),  # --source's value
+])
+def test_json_is_the_flag_click_parses_not_a_value_or_an_argument_named_so(argv, as_json):
+    """--json was looked for anywhere on the line: an option's value or an argument after `--`
+    spelled '--json' made a parser error print the envelope instead of Click's usage text."""
+    result = runner.invoke(app, argv, prog_name="ascendconv")
+    assert result.exit_code == 2
+    if as_json:
+        assert json.loads(result.stdout) == {"ok": False, "schema": 1, "command": argv[0], "error": "BadParameter",
+                                             "message": BAD_TP, "hint": None, "exit_code": 2}
+        assert result.stderr == f"error: {BAD_TP}\n"
+    else:
+        arguments = "{SRC} {OUT}" if argv[0] == "convert" else "{OUT}"
+        assert result.stdout == ""
+        assert result.stderr == (f"Usage: ascendconv {argv[0]} [OPTIONS] {arguments}\n"
+                                 f"Try 'ascendconv {argv[0]} -h' for help.\n\nError: {BAD_TP}\n")
+
+
+@pytest.mark.parametrize("argv, as_json", [
+    (["verify", "--json", "pkg"], True),
+    (["verify", "pkg", "--json"], True),
+    (["verify", "--source", "--json", "pkg"], False),
+    (["verify", "--", "--json"], False),
+])
+def test_json_of_a_library_error_is_the_flag_click_parses(monkeypatch, argv, as_json):
+    """The CLI's net for MemoryError, which reads the line itself, as the options parsed by Click do."""
+    import ascendconv.io.hfcache
+    import ascendconv.verify
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError()
+
+    monkeypatch.setattr(ascendconv.verify, "local_directory", no_memory)
+    monkeypatch.setattr(ascendconv.io.hfcache, "resolve_source", no_memory)
+    result = runner.invoke(app, argv)
+    assert result.exit_code == 4
+    message = "no memory left to verify"
+    if as_json:
+        data = json.loads(result.stdout)
+        assert (data["ok"], data["command"], data["error"], data["message"]) == (False, "verify", "OutOfMemoryError", message)
+    else:
+        assert result.stdout == ""
+    assert result.stderr.startswith(f"error: {message}\n")
+
+
+def test_a_library_error_with_json_as_a_value_or_after_dashes_stays_plain(tmp_path):
+    nowhere = str(tmp_path / "nowhere")
+    message = f"{nowhere}: no such directory"
+    for argv in (["convert", nowhere, str(tmp_path / "out"), "--override", "--json=FLOAT"],
+                 ["convert", nowhere, "--", "--json"]):
+        result = runner.invoke(app, argv)
+        assert result.exit_code == 3 and result.stdout == "" and result.stderr.startswith(f"error: {message}\n")
+    for argv in (["convert", "--json", nowhere, str(tmp_path / "out")], ["convert", nowhere, str(tmp_path / "out"), "--json"]):
+        result = runner.invoke(app, argv)
+        assert result.exit_code == 3 and json.loads(result.stdout)["message"] == message

@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import gc
+import itertools
 import os
 import signal
 import sys
@@ -17,7 +18,7 @@ from typing import Callable
 
 import typer
 from rich.markup import escape
-from typer.core import TyperGroup
+from typer.core import TyperGroup, TyperOption
 
 from ascendconv import __version__
 from ascendconv.cli.console import err, leave_broken_pipe, out
@@ -52,7 +53,7 @@ class CommandLine(TyperGroup):
             code = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
         except typer.TyperException as exc:  # Click's usage errors, raised by the option parser
             hint = usage_hint(exc)
-            if "--json" in argv:
+            if self.json_flag_given(argv):
                 command = next((a for a in argv if a in self.commands), None)
                 report(command, type(exc).__name__, exc.format_message(), hint, exc.exit_code, as_json=True)
             else:
@@ -67,9 +68,45 @@ class CommandLine(TyperGroup):
             # rendering): the pipeline names the tensor it was converting, this the command
             command = next((a for a in argv if a in self.commands), None)
             named = out_of_memory(exc, f"to {command or 'start'}")
-            report_error(named, "--json" in argv, command)
+            report_error(named, self.json_flag_given(argv), command)
             sys.exit(named.exit_code)
         sys.exit(code if isinstance(code, int) else 0)
+
+    def json_flag_given(self, argv: list[str]) -> bool:
+        """Whether `argv` gives --json as Click parses the line: the flag of the command named, not the
+        value of an option that takes one (`--override --json`) nor an argument after a bare `--`.
+        Which options take values is read from the group's and the commands' own parameters. The
+        token counts even where Click stops at an error before it (`verify --bogus --json`), and
+        after a command that does not exist (`ascendconv bogus --json`), whose options are unknown."""
+        params, command = self.params, None
+        tokens = iter(argv)
+        for token in tokens:
+            if token == "--":
+                return False
+            if token == "-" or not token.startswith("-"):  # an argument
+                if command is None:
+                    command = self.commands.get(token)
+                    if command is None:  # no such command: nothing tells its options' values apart
+                        return "--json" in itertools.takewhile(lambda rest: rest != "--", tokens)
+                    params = command.params
+                continue
+            if token == "--json" and command is not None:
+                return any(isinstance(p, TyperOption) and "--json" in p.opts for p in params)
+            for _ in range(values_taken(params, token)):
+                next(tokens, None)
+        return False
+
+
+def values_taken(params: list, token: str) -> int:
+    """How many of the tokens after the option `token` (`--tp`, `-q`, `-qt`: short flags joined) Click
+    takes as its value: none for a flag, an unknown option, or a value in the token itself (`--tp=2`,
+    `-t2`)."""
+    names = [token] if token.startswith("--") else [f"-{c}" for c in token[1:]]
+    for i, name in enumerate(names):
+        option = next((p for p in params if isinstance(p, TyperOption) and name in p.opts), None)
+        if option is not None and not option.is_flag and not option.count:
+            return option.nargs if i == len(names) - 1 else 0
+    return 0
 
 
 app = typer.Typer(
