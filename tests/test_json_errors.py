@@ -165,3 +165,13 @@ def test_a_library_error_with_json_as_a_value_or_after_dashes_stays_plain(tmp_pa
     for argv in (["convert", "--json", nowhere, str(tmp_path / "out")], ["convert", nowhere, str(tmp_path / "out"), "--json"]):
         result = runner.invoke(app, argv)
         assert result.exit_code == 3 and json.loads(result.stdout)["message"] == message
+
+
+def test_json_given_before_the_command_is_an_envelope_naming_where_it_goes():
+    result = runner.invoke(app, ["--json", "convert", "x", "y"], prog_name="ascendconv")
+    assert result.exit_code == 2
+    data = json.loads(result.stdout)
+    assert (data["command"], data["error"], data["exit_code"]) == ("convert", "NoSuchOption", 2)
+    assert data["message"] == "No such option: --json (Possible options: --version)"
+    assert data["hint"] == "--json is an option of each command: give it after the command's name, e.g. ascendconv convert --json SRC OUT"
+    assert result.stderr == f"error: {data['message']}\nhint: {data['hint']}\n"

@@ -76,8 +76,10 @@ class CommandLine(TyperGroup):
         """Whether `argv` gives --json as Click parses the line: the flag of the command named, not the
         value of an option that takes one (`--override --json`) nor an argument after a bare `--`.
         Which options take values is read from the group's and the commands' own parameters. The
-        token counts even where Click stops at an error before it (`verify --bogus --json`), and
-        after a command that does not exist (`ascendconv bogus --json`), whose options are unknown."""
+        token counts even where Click stops at an error before it (`verify --bogus --json`), before
+        the command (`ascendconv --json convert`, an unknown option of the group: the envelope says
+        so), and after a command that does not exist (`ascendconv bogus --json`), whose options are
+        unknown."""
         params, command = self.params, None
         tokens = iter(argv)
         for token in tokens:
@@ -90,8 +92,8 @@ class CommandLine(TyperGroup):
                         return "--json" in itertools.takewhile(lambda rest: rest != "--", tokens)
                     params = command.params
                 continue
-            if token == "--json" and command is not None:
-                return any(isinstance(p, TyperOption) and "--json" in p.opts for p in params)
+            if token == "--json":  # before the command: not an option of the group, but plainly asked for
+                return command is None or any(isinstance(p, TyperOption) and "--json" in p.opts for p in params)
             for _ in range(values_taken(params, token)):
                 next(tokens, None)
         return False

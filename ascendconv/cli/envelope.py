@@ -49,7 +49,11 @@ def did_you_mean(value: str, choices) -> str | None:
 
 
 def usage_hint(exc: typer.TyperException) -> str | None:
-    """A "did you mean" for a value outside an option's choices, else None."""
+    """A "did you mean" for a value outside an option's choices, where --json goes when it came
+    before the command, else None."""
+    context = getattr(exc, "ctx", None)
+    if getattr(exc, "option_name", None) == "--json" and context is not None and context.parent is None:
+        return "--json is an option of each command: give it after the command's name, e.g. ascendconv convert --json SRC OUT"
     choices = getattr(getattr(getattr(exc, "param", None), "type", None), "choices", None)
     if isinstance(exc, typer.BadParameter) and choices:
         found = re.search(r"'([^']*)' is not one of", exc.format_message())
