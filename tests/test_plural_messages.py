@@ -138,10 +138,10 @@ def test_the_report_files_count_problems():
 def test_the_numerics_count_nan_values_and_codes():
     values = np.zeros((1, 32), dtype=np.float32)
     values[0, 0] = np.nan
-    with pytest.raises(ValueError, match=r"^non-finite input to MX quantization: 1 NaN/Inf value$"):
+    with pytest.raises(ValueError, match=r"^non-finite input to MX quantization: NaN/Inf count 1$"):
         mx.quantize_mx(values, E4M3, "floor")
     values[0, 1] = np.inf
-    with pytest.raises(ValueError, match=r"^non-finite input to MX quantization: 2 NaN/Inf values$"):
+    with pytest.raises(ValueError, match=r"^non-finite input to MX quantization: NaN/Inf count 2$"):
         mx.quantize_mx(values, E4M3, "floor")
     x_codes, x_scales, _ = gmm_situ.make_activations(1, 4, 64)
     args = (np.zeros((1, 128, 32), np.uint8), np.full((1, 128, 2), 127, np.uint8), np.array([4]), 4.0, 25.0)

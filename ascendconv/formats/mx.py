@@ -23,8 +23,6 @@ import math
 
 import numpy as np
 
-from ascendconv.errors import plural
-
 from .constants import E2M1, E4M3, E8M0_BIAS, E8M0_MAX_FINITE, GROUP_SIZE, ROUND_MODES, SCALE_RULES, ElementFormat
 from .elements import decode_e2m1, decode_e4m3, e8m0_to_float, encode_e2m1, encode_e4m3, exact_float32
 
@@ -46,7 +44,7 @@ def _grouped(values) -> np.ndarray:
         raise ValueError(f"MX input needs a last dimension divisible by {GROUP_SIZE}, got shape {values.shape}")
     if not np.isfinite(values).all():
         bad = int(values.size - np.count_nonzero(np.isfinite(values)))
-        raise ValueError(f"non-finite input to MX quantization: {plural(bad, 'NaN/Inf value')}")
+        raise ValueError(f"non-finite input to MX quantization: NaN/Inf count {bad}")  # formats/ imports no project module
     rows = math.prod(values.shape[:-1])  # not -1: numpy cannot infer it when K is 0
     return values.reshape(rows, values.shape[-1] // GROUP_SIZE, GROUP_SIZE)
 
