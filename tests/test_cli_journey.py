@@ -392,7 +392,7 @@ def test_a_report_that_fails_at_the_end_keeps_the_verdict(moe_package, tmp_path,
     monkeypatch.setattr(Path, "write_text", write_text)
     result = cli("verify", moe_package, "--report", report, "--json")
     assert result.exit_code == 0 and json.loads(result.stdout)["ok"] is True
-    assert f"--report {report}: cannot write (No space left on device); no report was written" in result.stderr
+    assert f"--report {report}: cannot write (No space left on device); that report was not written" in result.stderr
 
 
 @pytest.mark.parametrize("command", ["inspect", "convert", "verify", "verify --source", "assemble"])

@@ -143,6 +143,24 @@ def test_cli_writes_reports_and_appends_the_step_summary(measured, tmp_path):
     assert result.exit_code == 2 and json.loads(result.stdout)["error"] == "BadOptionError"
 
 
+def test_report_given_twice_writes_both_files_and_one_file_twice_is_refused(measured, tmp_path):
+    package, data = measured
+    result = runner.invoke(app, ["verify", str(package), "--report", str(tmp_path / "r.html"), "--report", str(tmp_path / "r.md")])
+    assert result.exit_code == 0, result.output
+    page = (tmp_path / "r.html").read_text()
+    assert page.startswith("<!DOCTYPE html>") and '<span class="verdict ok">' in page
+    assert (tmp_path / "r.md").read_text().startswith("## ascendconv verify ")
+    (tmp_path / "sub").mkdir()
+    for second, words in ((str(tmp_path / "r.md"), "is given twice"), (f"{tmp_path}/sub/../r.md", f"names the same file as --report {tmp_path / 'r.md'}")):
+        (tmp_path / "r.md").unlink(missing_ok=True)
+        result = runner.invoke(app, ["verify", str(package), "--report", str(tmp_path / "r.md"), "--report", second, "--json"])
+        assert result.exit_code == 2
+        error = json.loads(result.stdout)
+        assert (error["error"], error["message"], error["hint"]) == (
+            "BadOptionError", f"--report {Path(second)}: {words}", "give each report file once")
+        assert not (tmp_path / "r.md").exists()  # refused before any check ran
+
+
 def test_a_failed_verify_still_writes_its_report(measured, tmp_path):
     package, _ = measured
     broken = tmp_path / "broken"

@@ -43,6 +43,19 @@ def check_report_path(path: Path, package: Path) -> str:
     return kind
 
 
+def check_report_paths(paths: list[Path], package: Path) -> list[tuple[Path, str]]:
+    """Each --report FILE with its format (check_report_path); one file named twice, in any
+    spelling, is refused: the second report would silently replace the first."""
+    seen: dict[str, Path] = {}
+    for path in paths:
+        real = os.path.realpath(path)
+        if real in seen:
+            same = "is given twice" if path == seen[real] else f"names the same file as --report {seen[real]}"
+            raise BadOptionError(f"--report {path}: {same}", "give each report file once")
+        seen[real] = path
+    return [(path, check_report_path(path, package)) for path in paths]
+
+
 def check_step_summary(step_summary: bool) -> None:
     """$GITHUB_STEP_SUMMARY, when --step-summary asks for it and it is set, checked before any check runs."""
     target = os.environ.get(STEP_SUMMARY) if step_summary else None
@@ -69,17 +82,17 @@ def probe_writable(path: Path, what: str) -> None:
 REPORT_HINT = "choose a file in a directory you may write to"
 
 
-def write_reports(data: dict, path: Path | None, kind: str | None, step_summary: bool) -> list[str]:
-    """Write the reports; what could not be written, in words (the destinations were checked before
-    the checks ran, so this is rare: the verdict stands all the same)."""
+def write_reports(data: dict, reports: list[tuple[Path, str]], step_summary: bool) -> list[str]:
+    """Write the reports ((file, format) each); what could not be written, in words (the destinations
+    were checked before the checks ran, so this is rare: the verdict stands all the same)."""
     failed = []
-    if path is not None:
+    for path, kind in reports:
         text = io.StringIO()
         renderer(kind)(data, text)
         try:
             path.write_text(text.getvalue(), encoding="utf-8")
         except OSError as exc:
-            failed.append(f"--report {path}: cannot write ({exc.strerror or exc}); no report was written")
+            failed.append(f"--report {path}: cannot write ({exc.strerror or exc}); that report was not written")
     if step_summary:
         target = os.environ.get(STEP_SUMMARY)
         if not target:

@@ -56,8 +56,9 @@ def verify_command(
     npu_tol: float = typer.Option(DEFAULTS.npu_tol, help="Largest rel. error of the NPU output against the CPU reference."),
     seed: int = typer.Option(DEFAULTS.seed, help="Seed of the sampled rows, activations and routing."),
     top: int = typer.Option(DEFAULT_TOP, help="Worst tensors shown (0 or more)."),
-    report_file: Optional[Path] = typer.Option(
-        None, "--report", metavar="FILE", help="Also write the report as FILE.html (self-contained page) or FILE.md."
+    report_files: Optional[list[Path]] = typer.Option(
+        None, "--report", metavar="FILE",
+        help="Also write the report as FILE.html (self-contained page) or FILE.md; may be given more than once.",
     ),
     step_summary: bool = typer.Option(
         False, "--step-summary", help="Append the Markdown report to $GITHUB_STEP_SUMMARY (when set: a GitHub Actions job)."
@@ -75,10 +76,10 @@ def verify_command(
     from ascendconv.io.hfcache import resolve_source
     from ascendconv.verify import verify
 
-    from ascendconv.cli.reports import check_report_path, check_step_summary, write_reports
+    from ascendconv.cli.reports import check_report_paths, check_step_summary, write_reports
 
     run(lambda: check_top(top), as_json, "verify")
-    renderer = run(lambda: check_report_path(report_file, package), as_json, "verify") if report_file is not None else None
+    reports = run(lambda: check_report_paths(report_files or [], package), as_json, "verify")
     run(lambda: check_step_summary(step_summary), as_json, "verify")
 
     def action():
@@ -109,7 +110,7 @@ def verify_command(
             return verify(package, options, progress, notice)
 
     report = run(action, as_json, "verify")
-    for problem in write_reports(report.to_dict(), report_file, renderer, step_summary):
+    for problem in write_reports(report.to_dict(), reports, step_summary):
         notice(problem)
     if as_json:
         print_json(report, "verify")
