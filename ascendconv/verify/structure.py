@@ -149,10 +149,10 @@ def check_description(lay: _Layout) -> Check:
     for old, package in lay.rules.family.module_renames:
         stale = sorted(name for name in lay.description if old in name)
         if stale:
-            more = f" and {len(stale) - 1} more" if len(stale) > 1 else ""
+            named = f"{shown(stale[0])} and {len(stale) - 1} more are" if len(stale) > 1 else f"{shown(stale[0])} is"
             problems.append(
-                f"{shown(stale[0])}{more} {'are' if more else 'is'} spelled with {old!r}: vllm-ascend looks {lay.rules.family.label} modules up "
-                f"with {package!r} in its place, so it finds none of them (convert writes {package!r})"
+                f"{named} spelled with {old!r}: vllm-ascend looks {lay.rules.family.label} modules up with "
+                f"{package!r} in its place, so it finds none of them (convert writes {package!r})"
             )
     expected = max(labels, key=RANK.__getitem__) if labels else FLOAT
     found = fields.get("model_quant_type")
