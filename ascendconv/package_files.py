@@ -11,6 +11,7 @@ import shlex
 from pathlib import Path
 
 from ascendconv import __version__
+from ascendconv import markdown as md
 from ascendconv.ascendv1 import (
     DESCRIPTION_NAME,
     FLOAT,
@@ -231,11 +232,6 @@ def _front_matter(text: str) -> tuple[list[str], str]:
     return carried, "\n".join(lines[end + 1 :]).lstrip("\n")
 
 
-def _cell(text: str) -> str:
-    """Text from a file as one Markdown table cell: no line breaks, no column bars."""
-    return " ".join(str(text).split()).replace("|", "\\|")
-
-
 def _size(n: int) -> str:
     for unit, factor in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
         if n >= factor:
@@ -284,11 +280,11 @@ def model_card(plan: Plan, provenance: ProvenanceRecord, original: str | None) -
     lines = [
         *front,
         "",
-        f"# {_cell(name)}, AscendV1 {plan.model_quant_type}",
+        f"# {md.text(name)}, AscendV1 {plan.model_quant_type}",
         "",
-        f"An AscendV1 MX package of `{_cell(name)}`" + (f" (revision `{hub.revision}`)" if hub else "")
+        f"An AscendV1 MX package of {md.code(name)}" + (f" (revision {md.code(hub.revision)})" if hub else "")
         + f", written by ascendconv {provenance.version} for vllm-ascend on Ascend 950 NPUs. "
-        f"The weights are quantized to MX from the source (read as `{_cell(provenance.source.format)}`); "
+        f"The weights are quantized to MX from the source (read as {md.code(provenance.source.format)}); "
         "the model's own card follows below.",
         "",
         "| | |",
@@ -302,20 +298,20 @@ def model_card(plan: Plan, provenance: ProvenanceRecord, original: str | None) -
         + (" `--shared-experts-as-routed`" if deployment.shared_experts_as_routed else "") + " |",
     ]
     if provenance.overrides:
-        lines.append(f"| overrides | {', '.join(f'`{_cell(o)}`' for o in provenance.overrides)} |")
+        lines.append(f"| overrides | {', '.join(md.code(o) for o in provenance.overrides)} |")
     lines += ["", "## Serve", "", "```", serve_command(deployment.tp, deployment.ep), "```", "",
               f"`--tensor-parallel-size` and `--enable-expert-parallel` must match the `--tp {deployment.tp}`"
               f"{' --ep' if deployment.ep else ''} the package was planned for: the fallbacks below were chosen for them.",
-              "", "## Verify", "", "```", f"ascendconv verify PACKAGE_DIR --source {shlex.quote(source_spec(provenance))}", "```", "",
+              "", "## Verify", "", *md.code_block(f"ascendconv verify PACKAGE_DIR --source {shlex.quote(source_spec(provenance))}"), "",
               "`verify` checks that vllm-ascend will load the package and, with `--source`, how close each weight is to the "
               "source; it takes the recorded `--tp` and `--ep` by default.", "",
               "## Types per module group (layer and expert numbers as *)", "", "| module | modules | written as |", "|---|---|---|"]
     for pattern, types in plan.module_groups().items():
-        lines.append(f"| `{_cell(pattern)}` | {sum(types.values())} | {', '.join(f'{t} {n}' for t, n in types.items())} |")
+        lines.append(f"| {md.code(pattern)} | {sum(types.values())} | {', '.join(f'{t} {n}' for t, n in types.items())} |")
     kept = plan.kept_float()
     if kept:
         lines += ["", "## Kept FLOAT by the model's rules", "", "| modules | reason |", "|---|---|"]
-        lines += [f"| {n} | {_cell(why)} |" for why, n in kept.items()]
+        lines += [f"| {n} | {md.text(why)} |" for why, n in kept.items()]
     fallbacks = plan.fallbacks
     lines += ["", f"## Fallbacks ({len(fallbacks)})", ""]
     if fallbacks:
@@ -325,12 +321,12 @@ def model_card(plan: Plan, provenance: ProvenanceRecord, original: str | None) -
             merged[key] = merged.get(key, 0) + 1
         lines += ["| module | n | requested | written | reason |", "|---|---|---|---|---|"]
         for (pattern, requested, written, reason), n in list(merged.items())[:CARD_FALLBACKS_LISTED]:
-            lines.append(f"| `{_cell(pattern)}` | {n} | {requested} | {written} | {_cell(reason)} |")
+            lines.append(f"| {md.code(pattern)} | {n} | {requested} | {written} | {md.text(reason)} |")
         if len(merged) > CARD_FALLBACKS_LISTED:
             lines.append(f"\n… and {len(merged) - CARD_FALLBACKS_LISTED} more kinds: every fallback is in `{PROVENANCE_NAME}`.")
     else:
         lines.append("None: every quantizable linear is written in the type the scheme asks for.")
-    lines += ["", "## Reproduce", "", "```", provenance.command, "```", ""]
+    lines += ["", "## Reproduce", "", *md.code_block(provenance.command), ""]
     if original_text.strip():
         lines += ["---", "", "# The source model's card", "", original_text.rstrip("\n"), ""]
     return "\n".join(lines)

@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "ascendconv"
 
 # first path component under ascendconv/ -> floor (as listed in docs/ARCHITECTURE.md, "Layers")
 FLOORS = {
-    **dict.fromkeys(("__init__", "errors", "formats", "ascendv1", "families", "models", "gcpause"), 1),
+    **dict.fromkeys(("__init__", "errors", "formats", "ascendv1", "families", "models", "gcpause", "markdown"), 1),
     **dict.fromkeys(("io", "kernels", "npu", "sources"), 2),
     **dict.fromkeys(("decide", "plan", "options", "parts", "resume"), 3),
     **dict.fromkeys(("convert", "pipeline", "package_files", "assemble", "cluster", "inspect", "verify"), 4),

@@ -247,7 +247,8 @@ def test_the_package_card_and_provenance_say_what_it_is(tmp_path):
     assert f"ascendconv verify PACKAGE_DIR --source Qwen/Qwen3-Tiny-FP8@{commit}\n" in card
     assert f"\n{provenance.command}\n" in card
     assert "| `model.layers.*.mlp.experts.*.down_proj` | 8 | W4A8_MXFP 4, W8A8_MXFP8 4 |" in card
-    assert "(--override model.layers.1.mlp.experts.0.*=W8A8_MXFP8)" in card  # the override as given, not starred
+    # the override as given, not starred (Markdown text: its '*' and '_' escaped)
+    assert "(--override model.layers.1.mlp.experts.0.\\*=W8A8\\_MXFP8)" in card
     assert card.endswith("# The source model's card\n\n# Qwen3 Tiny FP8\n\nThe original | card.\n")
 
     inspected = cli("inspect", out).stdout

@@ -1,12 +1,12 @@
 """verify --report FILE.md and --step-summary: the HTML report's content as GitHub-flavoured
 Markdown, small enough for a CI job summary (tables of groups, not of tensors), rendered from
 `VerifyReport.to_dict()` alone. Names from files go into code spans, other text from files is
-escaped: a Markdown renderer must show them as text, never as markup, links or HTML."""
+escaped (ascendconv.markdown): a Markdown renderer must show them as text, never as markup, links or
+HTML."""
 
 from __future__ import annotations
 
 import math
-import re
 from typing import TextIO
 
 from ascendconv.cli.render.report_data import (
@@ -19,28 +19,11 @@ from ascendconv.cli.render.report_data import (
     verdict,
 )
 from ascendconv.errors import plural
+from ascendconv.markdown import code, text
 
 WORST_LISTED = 10
 GROUPS_LISTED = 30
 PROBLEMS_LISTED = 5
-_SPECIAL = re.compile(r"([\\`*_\[\]|~])")  # what can start markup inside a table cell
-
-
-def text(value: object) -> str:
-    """Text from a file as Markdown text in a table cell: one line, markup characters escaped, HTML
-    as entities."""
-    flat = " ".join(str(value).split())
-    flat = flat.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    return _SPECIAL.sub(r"\\\1", flat)
-
-
-def code(value: object) -> str:
-    """A name from a file as a code span in a table cell: a fence longer than any run of backticks
-    in it, '|' escaped (GitHub splits table cells on it even inside code)."""
-    flat = " ".join(str(value).split()).replace("|", "\\|")
-    fence = "`" * (max((len(run) for run in re.findall(r"`+", flat)), default=0) + 1)
-    pad = " " if flat.startswith("`") or flat.endswith("`") else ""
-    return f"{fence}{pad}{flat}{pad}{fence}"
 
 
 def _db(db) -> str:

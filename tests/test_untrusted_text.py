@@ -1,0 +1,71 @@
+"""Text from an untrusted source checkpoint (tensor names, directory names, config values, its model
+card) in what others render or parse: the package's model card (Markdown with YAML front matter),
+verify's reports and the terminal. Each test parses the document and finds the hostile text as one
+literal text node, code span or value."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from markdown_it import MarkdownIt
+
+from ascendconv.convert import ConvertOptions, convert
+from ascendconv.decide import module_pattern
+from conftest import FIXTURES
+from test_source_formats import respell
+
+# a module name that tries to leave a code span, a table cell and a code block, and to be HTML or a link
+HOSTILE = "q_proj`<img src=x onerror=alert(1)>`|[link](http://e.vil)\n```\n<script>alert(1)</script>"
+# a source directory name that tries the same from the card's title, its first line and its code blocks
+HOSTILE_DIR = "src`<img src=y>`\n```\n# not a heading [link](javascript:alert(1))"
+
+
+def markdown_tokens(card: str):
+    return MarkdownIt("commonmark").enable("table").parse(card)
+
+
+def own_part(card: str) -> str:
+    """The card ascendconv writes, without the source's card below it (the model's own text)."""
+    return card.split("\n# The source model's card\n", 1)[0]
+
+
+@pytest.fixture(scope="module")
+def hostile_package(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("hostile")
+
+    def tensor(name, entry):
+        return {name.replace("layers.1.self_attn.q_proj.", f"layers.1.self_attn.{HOSTILE}."): entry}
+
+    source = respell(FIXTURES / "qwen3-dense-fp8", root / HOSTILE_DIR, tensor, lambda c: c)
+    out = root / "out"
+    convert(source, out, ConvertOptions())
+    return source, out
+
+
+def test_the_model_card_shows_hostile_names_as_literal_code(hostile_package):
+    _, out = hostile_package
+    card = own_part((out / "README.md").read_text())
+    tokens = markdown_tokens(card)
+    kinds = {t.type for t in tokens} | {c.type for t in tokens for c in t.children or []}
+    assert not kinds & {"html_block", "html_inline", "link_open", "image"}, kinds
+    pattern = module_pattern(f"model.layers.1.self_attn.{HOSTILE}")
+    flat = " ".join(pattern.split())  # a code span is one line: its line breaks as spaces
+    cells = [t for t in tokens if t.type == "inline" and any(c.content == flat for c in t.children)]
+    assert len(cells) == 1 and [c.type for c in cells[0].children] == ["code_inline"], cells
+    # the title and the first line name the source directory as text and as code, whole
+    title = next(tokens[i + 1] for i, t in enumerate(tokens) if t.type == "heading_open")
+    assert {c.type for c in title.children} == {"text"}
+    assert "".join(c.content for c in title.children) == " ".join(HOSTILE_DIR.split()) + ", AscendV1 W8A8_MXFP8"
+    first = next(t for t in tokens if t.type == "inline" and t.content.startswith("An AscendV1 MX package of"))
+    assert [(c.type, c.content) for c in first.children[:2]] == [
+        ("text", "An AscendV1 MX package of "), ("code_inline", " ".join(HOSTILE_DIR.split())), ]
+    # the code blocks hold the directory's name (the commands quote it), every line of it inside them
+    blocks = [t for t in tokens if t.type == "fence"]
+    assert [b.content.splitlines()[0] for b in blocks] == [
+        "vllm serve PACKAGE_DIR --quantization ascend --tensor-parallel-size 1",
+        "ascendconv verify PACKAGE_DIR --source 'src`<img src=y>`",
+        "ascendconv convert 'src`<img src=y>`",
+    ]
+    assert all(b.content.endswith("# not a heading [link](javascript:alert(1))'\n") or "OUT --scheme" in b.content for b in blocks[1:])
+    assert not [t for t in tokens if t.type == "heading_open" and t.tag == "h1"][1:]  # one title: no heading smuggled in
