@@ -5,6 +5,8 @@ literal text node, code span or value."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -69,3 +71,25 @@ def test_the_model_card_shows_hostile_names_as_literal_code(hostile_package):
     ]
     assert all(b.content.endswith("# not a heading [link](javascript:alert(1))'\n") or "OUT --scheme" in b.content for b in blocks[1:])
     assert not [t for t in tokens if t.type == "heading_open" and t.tag == "h1"][1:]  # one title: no heading smuggled in
+
+
+def front_matter(card: str) -> dict:
+    import yaml  # PyYAML, with ray among the test dependencies: the Hub reads front matter as YAML
+
+    assert card.startswith("---\n")
+    return yaml.safe_load(card[4:card.index("\n---\n", 4)])
+
+
+@pytest.mark.parametrize("repo_dir", ["models--org--x\nlicense: evil", "models--org--x: y", "models--org--x #y", "models--órg--x"])
+def test_a_cache_directory_whose_name_is_no_repo_id_gives_no_base_model(tmp_path, repo_dir):
+    from ascendconv.io.hfcache import cached_repo
+
+    snapshot = tmp_path / "hub" / repo_dir / "snapshots" / ("0123456789abcdef" * 2 + "01234567")
+    snapshot.parent.mkdir(parents=True)
+    shutil.copytree(FIXTURES / "qwen3-dense-fp8", snapshot)
+    assert cached_repo(snapshot) is None
+    assert cached_repo(snapshot.parent / "abc\n") is None  # nor a revision that is no name of the Hub's
+    convert(snapshot, tmp_path / "out", ConvertOptions())
+    meta = front_matter((tmp_path / "out" / "README.md").read_text())
+    assert set(meta) == {"library_name", "tags"}  # the source's card has no front matter to carry
+    assert json.loads((tmp_path / "out" / "ascendconv_provenance.json").read_text())["hub"] is None

@@ -16,6 +16,9 @@ REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?$")
 # A revision is a branch or tag (which may hold '/') or a commit; never a path that climbs out.
 REVISION = re.compile(r"^(?!.*(^|/)\.\.?(/|$))[\w.-]+(/[\w.-]+)*$")
 COMMIT = re.compile(r"^(?!\.\.?$)[\w.-]+$")  # one path component: what a refs/ file names
+# An owner or a repository name as the Hub spells them (ASCII letters, digits, '_', '.', '-'): a cache
+# directory's name is text from disk, and the repo id it gives goes into the card's YAML front matter.
+HUB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}")
 MAX_REF_BYTES = 4096  # a commit hash and a newline; a ref file of more is not one
 
 
@@ -124,10 +127,14 @@ def resolve_source(text: str) -> Path:
 
 def cached_repo(path: Path) -> tuple[str, str] | None:
     """(repo id, commit) when `path` is a snapshot of the Hugging Face cache
-    (`.../models--org--name/snapshots/<commit>`), else None."""
+    (`.../models--org--name/snapshots/<commit>`) whose names are the Hub's, else None."""
     path = Path(os.path.abspath(path))
     repo_dir = path.parent.parent
-    if path.parent.name != "snapshots" or not repo_dir.name.startswith("models--") or not COMMIT.match(path.name):
+    commit = path.name
+    if path.parent.name != "snapshots" or not repo_dir.name.startswith("models--") or not (
+            commit.isascii() and COMMIT.fullmatch(commit)):
         return None
     org, sep, name = repo_dir.name.removeprefix("models--").partition("--")
-    return (f"{org}/{name}", path.name) if sep and org and name else None
+    # a name the Hub could not have (a line break, ': ', '#', ...) makes no repo id: the directory is
+    # then a local one, as any other
+    return (f"{org}/{name}", commit) if sep and HUB_NAME.fullmatch(org) and HUB_NAME.fullmatch(name) else None
