@@ -34,3 +34,58 @@ def code_block(*lines: str) -> list[str]:
     body = [part for line in lines for part in str(line).splitlines() or [""]]
     fence = "`" * max(3, max((len(run) for line in body for run in re.findall(r"`+", line)), default=0) + 1)
     return [fence, *body, fence]
+
+
+# --- YAML front matter: the few scalar forms a card's carried keys are read in and written as ---------
+
+_PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/+-]*")  # a plain scalar that is the same in every YAML reader
+_INDICATORS = tuple("!&*[]{}|>%@`#,?:-\"'")  # what a plain scalar may not start with (or starts another form)
+
+
+def read_scalar(value: str) -> tuple[str, bool] | None:
+    """(the string, whether it was plain) of a one-line YAML scalar as a card's front matter writes
+    one: plain (a trailing ' # comment' dropped), 'single-' or "double-quoted" (JSON's escapes); None
+    for any other form (a multi-line, flow, block, anchored or tagged value), which is not carried."""
+    value = value.strip()
+    if value.startswith('"'):
+        import json
+
+        try:
+            parsed, stop = json.JSONDecoder().raw_decode(value)
+        except ValueError:
+            return None
+        if not isinstance(parsed, str) or not _only_comment(value[stop:]) or re.search("[\ud800-\udfff]", parsed):
+            return None  # not a string, more after it, or a lone surrogate (a '\\ud800' escape)
+        return parsed, False
+    if value.startswith("'"):
+        match = re.match(r"'((?:[^']|'')*)'", value)
+        if match is None or not _only_comment(value[match.end():]):
+            return None
+        return match[1].replace("''", "'"), False
+    value = value.split(" #", 1)[0].rstrip()
+    if not value or value.startswith(_INDICATORS) or ": " in value or value.endswith(":") or "\t" in value:
+        return None
+    return value, True
+
+
+def _only_comment(rest: str) -> bool:
+    return not rest.strip() or rest[:1] in " \t" and rest.strip().startswith("#")
+
+
+def yaml_scalar(value: str, plain: bool = False) -> str:
+    """A string as one line of YAML that every reader takes as that string: plain when it was plain
+    and needs no quoting, else double-quoted with '"', '\\' and every character that is not printable
+    (line breaks, controls, U+2028) escaped."""
+    if plain and _PLAIN.fullmatch(value):
+        return value
+    import unicodedata
+
+    out = []
+    for ch in value:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ch == " " or unicodedata.category(ch)[0] not in "CZ":
+            out.append(ch)
+        else:
+            out.append(f"\\u{ord(ch):04x}" if ord(ch) < 0x10000 else f"\\U{ord(ch):08x}")
+    return '"' + "".join(out) + '"'

@@ -215,20 +215,43 @@ CARRIED_FRONT_MATTER = ("license", "license_name", "license_link", "language", "
 
 
 def _front_matter(text: str) -> tuple[list[str], str]:
-    """(the lines of the carried top-level front-matter keys with their indented continuations,
-    the card's text after its front matter)."""
+    """(the lines of the carried top-level front-matter keys, the card's text after its front matter).
+
+    A carried key is written again, not copied: a one-line scalar or a list of them ('- item' lines
+    or '[a, b]'), read by `markdown.read_scalar` and written by `markdown.yaml_scalar`; a key in any
+    other form is left out. Copied lines would be YAML of the source's making inside ours: a quote
+    left open, a line under a scalar or a tab would end our front matter's parse at the Hub (which
+    then reads none of our keys), and a key given twice is an error to some readers."""
     lines = text.splitlines()
     if not lines or lines[0].strip() != "---":
         return [], text
     end = next((i for i in range(1, len(lines)) if lines[i].strip() == "---"), None)
     if end is None:
         return [], text
-    carried, keep = [], False
+    blocks: dict[str, list[str]] = {}  # a carried key -> its line and the lines under it; the last wins
+    key = None
     for line in lines[1:end]:
         if line[:1] not in (" ", "\t", "-") or not line.strip():
-            keep = line.split(":", 1)[0].strip() in CARRIED_FRONT_MATTER
-        if keep:
-            carried.append(line)
+            key = line.split(":", 1)[0].strip() if ":" in line else None
+            key = key if key in CARRIED_FRONT_MATTER else None
+            if key:
+                blocks.pop(key, None)
+                blocks[key] = [line]
+        elif key:
+            blocks[key].append(line)
+    carried = []
+    for key, (first, *rest) in blocks.items():
+        value = first.split(":", 1)[1].strip()
+        if not rest and value.startswith("[") and value.endswith("]"):  # a flow list of plain items
+            rest, value = [f"- {item}" for item in value[1:-1].split(",") if item.strip()], ""
+        if value and not rest:
+            scalar = md.read_scalar(value)
+            if scalar is not None:
+                carried.append(f"{key}: {md.yaml_scalar(*scalar)}")
+        elif not value and rest and all(line.lstrip().startswith("- ") for line in rest):
+            items = [md.read_scalar(line.lstrip()[2:]) for line in rest]
+            if None not in items:
+                carried += [f"{key}:", *(f"- {md.yaml_scalar(*item)}" for item in items)]
     return carried, "\n".join(lines[end + 1 :]).lstrip("\n")
 
 

@@ -93,3 +93,46 @@ def test_a_cache_directory_whose_name_is_no_repo_id_gives_no_base_model(tmp_path
     meta = front_matter((tmp_path / "out" / "README.md").read_text())
     assert set(meta) == {"library_name", "tags"}  # the source's card has no front matter to carry
     assert json.loads((tmp_path / "out" / "ascendconv_provenance.json").read_text())["hub"] is None
+
+
+# A source card's front matter of forms YAML readers take differently, or that would end our front
+# matter's parse if copied as lines: each carried key is written again as a value, or left out.
+HOSTILE_FRONT = """---
+license: "mit
+base_model: evil/model"
+license_name: 'Llama ''3'' licence' # a comment
+license_link: https://example.com/LICENSE?a=1#frag
+language: [en, 'fr']
+pipeline_tag: text-generation
+	base_model: tabbed
+license: apache-2.0
+language_extra: x
+---
+
+# The card
+"""
+
+
+def test_carried_front_matter_is_written_again_never_copied(tmp_path):
+    from ascendconv.package_files import _front_matter
+
+    source = tmp_path / "src"
+    shutil.copytree(FIXTURES / "qwen3-dense-fp8", source)
+    (source / "README.md").write_text(HOSTILE_FRONT)
+    convert(source, tmp_path / "out", ConvertOptions())
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert front_matter(card) == {
+        "license": "apache-2.0", "license_name": "Llama '3' licence", "license_link": "https://example.com/LICENSE?a=1#frag",
+        "language": ["en", "fr"], "library_name": "vllm",
+        "tags": ["ascend", "vllm-ascend", "ascendconv", "mx", "quantized", "w8a8-mxfp8"],
+    }  # pipeline_tag left out: a tabbed line under it is no form of ours
+    assert card.count("\n---\n") == 2 and card.endswith("# The source model's card\n\n# The card\n")
+    # every form a key can take that is not carried; each alone, the key is left out whole
+    for value in ('"open', "'a' b'", "&anchor mit", "!!str mit", "|\n  mit", "mit\n  more", "[a, [b]]", "a: b",
+                  "\n- ok\n- - nested", "\n- ok\n  bad: x", "\"\\x41\""):
+        assert _front_matter(f"---\nlicense: {value}\n---\n")[0] == [], value
+    # a value is written as one line, quoted where its characters need it, never a line break of its own
+    assert _front_matter('---\nlicense_name: "a\\u2028b\\nc\\"\\\\ d\\u00e9"\n---\n')[0] == [
+        'license_name: "a\\u2028b\\u000ac\\"\\\\ dé"']
+    assert _front_matter("---\nlicense: apache-2.0\nlanguage:\n- en\n-   'no'\n---\n")[0] == [
+        "license: apache-2.0", "language:", "- en", '- "no"']
