@@ -136,3 +136,65 @@ def test_carried_front_matter_is_written_again_never_copied(tmp_path):
         'license_name: "a\\u2028b\\u000ac\\"\\\\ dé"']
     assert _front_matter("---\nlicense: apache-2.0\nlanguage:\n- en\n-   'no'\n---\n")[0] == [
         "license: apache-2.0", "language:", "- en", '- "no"']
+
+
+# --- the terminal --------------------------------------------------------------------------------
+
+# ESC sequences (a colour, an OSC 8 hyperlink ended by ST), a carriage return, a bidi override, a
+# line break, DEL, a C1 control and rich markup, in one module name
+TERMINAL = "q_proj\x1b[31mESC\x1b]8;;http://e.vil\x1b\\L\x1b]8;;\x1b\\\r\u202eabc\nz\x7f\x9b[bold red]RED[/]"
+TERMINAL_SHOWN = "q_proj\\x1b[31mESC\\x1b]8;;http://e.vil\\x1b\\L\\x1b]8;;\\x1b\\\\r\\u202eabc\\nz\\x7f\\x9b[bold red]RED[/]"
+RAW = ("\x1b", "\r", "\u202e", "\x7f", "\x9b")
+
+
+@pytest.fixture(scope="module")
+def terminal_package(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("terminal")
+
+    def tensor(name, entry):
+        return {name.replace("layers.1.self_attn.q_proj.", f"layers.1.self_attn.{TERMINAL}."): entry}
+
+    source = respell(FIXTURES / "qwen3-dense-fp8", root / "src", tensor, lambda c: c)
+    convert(source, root / "out", ConvertOptions())
+    return source, root / "out"
+
+
+def test_the_terminal_gets_names_with_their_control_characters_as_escapes(terminal_package):
+    from typer.testing import CliRunner
+
+    from ascendconv.cli import app
+
+    source, out = terminal_package
+    weight = f"model.layers.1.self_attn.{TERMINAL_SHOWN}.weight"
+    runner = CliRunner()
+    listed = runner.invoke(app, ["inspect", str(source), "--tensors"])
+    summary = runner.invoke(app, ["inspect", str(source)])
+    verified = runner.invoke(app, ["verify", str(out), "--source", str(source)])
+    for result in (listed, summary, verified):
+        assert result.exit_code == 0, result.output
+        assert not [c for c in RAW if c in result.stdout], result.stdout
+    # each name whole, on its row's one line, its markup as text
+    assert [line[len(weight):].split()[:2] for line in listed.stdout.splitlines() if line.startswith(weight + " ")] == [["F8_E4M3", "128×256"]]
+    assert f"\nmodel.layers.*.self_attn.{TERMINAL_SHOWN}  1  W8A8_MXFP8 " in summary.stdout
+    assert f"\n{weight}  W8A8_MXFP8 " in verified.stdout
+
+
+def test_a_terminal_too_gets_no_control_character_of_a_name(terminal_package):
+    import io
+
+    from rich.console import Console
+
+    from ascendconv.cli.render.inspect import render_inspect
+    from ascendconv.cli.render.verify import render_verify
+    from ascendconv.inspect import inspect_path
+    from ascendconv.options import VerifyOptions
+    from ascendconv.verify import verify
+
+    source, out = terminal_package
+    for render in (lambda c: render_inspect(inspect_path(source, tensors="*"), c),
+                   lambda c: render_verify(verify(out, VerifyOptions(source=source)), c)):
+        console = Console(file=io.StringIO(), force_terminal=True, color_system="standard", width=400)
+        render(console)
+        text = console.file.getvalue()
+        assert TERMINAL_SHOWN in text and "\x1b]" not in text and "\x1b[31mESC" not in text
+        assert not [c for c in RAW[1:] if c in text]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from typing import NoReturn
 
@@ -35,7 +36,22 @@ for _console in (out, err):
     _console.soft_wrap = not _console.is_terminal
 
 
+# C0 and C1 controls (ESC, a line break, a tab, BEL, a carriage return), DEL, the Unicode line and
+# paragraph separators and the bidirectional overrides and isolates
+_UNSHOWN = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def shown(text: object) -> str:
+    """Text from a file (a tensor or file name, a config value, a message naming them) as a terminal
+    may show it: each control character as its escape, as Python writes it ('\\x1b', '\\n',
+    '\\u202e'). A name is untrusted input: raw, its ESC sequences would recolour or clear the
+    terminal, set its title or hide a link, a carriage return would overwrite what was printed, a
+    line break would split a table's row, and a bidi override would show it reversed. rich strips
+    only BEL, BS, VT, FF and CR."""
+    return _UNSHOWN.sub(lambda m: repr(m[0])[1:-1], str(text))
+
+
 def notice(text: str) -> None:
     """A library message for the user (e.g. the kernels' first compilation), on stderr even with
     --quiet or --json: it explains a pause that happens once."""
-    err.print(f"[dim]{escape(text)}[/]", highlight=False, soft_wrap=True)
+    err.print(f"[dim]{escape(shown(text))}[/]", highlight=False, soft_wrap=True)

@@ -6,6 +6,7 @@ from rich.cells import cell_len
 from rich.console import Console
 from rich.text import Text
 
+from ascendconv.cli.console import shown
 from ascendconv.cli.render.convert import fallback_rows
 from ascendconv.cli.render.tables import (
     MAX_LISTED,
@@ -29,13 +30,18 @@ def render_inspect(report, console: Console) -> None:
         _render_inspect_summary(report, console)
 
 
+def _print_head(report, console: Console) -> None:
+    """The title (the directory's name or the repo id) and what the directory holds."""
+    head = Text()
+    head.append(shown(report.title), style="bold")
+    head.append(f"  {report.label}")
+    console.print(head)
+
+
 def _render_inspect_summary(report, console: Console) -> None:
     from ascendconv.inspect import KIND_PLAIN
 
-    head = Text()
-    head.append(report.title, style="bold")
-    head.append(f"  {report.label}")
-    console.print(head)
+    _print_head(report, console)
 
     model = report.model
     facts = [
@@ -132,7 +138,7 @@ def _render_inspect_summary(report, console: Console) -> None:
                  for label, value in facts]
     print_grid(console, facts)
     for warning in report.warnings:
-        console.print(Text(f"warning: {warning}", style="yellow"))
+        console.print(Text(f"warning: {shown(warning)}", style="yellow"))
 
     for title, table, key in (("tensors by dtype", report.by_dtype, "dtype"), ("tensors by quant type", report.by_quant_type, "quant type")):
         section(console, title)
@@ -146,13 +152,13 @@ def _render_inspect_summary(report, console: Console) -> None:
         if report.schemes is not None:
             schemes = list(report.schemes)
             headers = ["module", "n", *schemes]
-            rows = [[g.pattern, str(g.modules), *(types_cell(g.schemes[s]) for s in schemes)] for g in report.groups]
+            rows = [[shown(g.pattern), str(g.modules), *(types_cell(g.schemes[s]) for s in schemes)] for g in report.groups]
         elif package is not None:
             headers = ["module", "n", "type", "dtype"]
-            rows = [[g.pattern, str(g.modules), types_cell(g.types), types_cell(g.dtypes)] for g in report.groups]
+            rows = [[shown(g.pattern), str(g.modules), types_cell(g.types), types_cell(g.dtypes)] for g in report.groups]
         else:
             headers = ["module", "n", "dtype"]
-            rows = [[g.pattern, str(g.modules), types_cell(g.dtypes)] for g in report.groups]
+            rows = [[shown(g.pattern), str(g.modules), types_cell(g.dtypes)] for g in report.groups]
         print_table(console, headers, rows, right=(1,), lead=2)
     if report.schemes is not None:
         _render_fallbacks(report, console)
@@ -198,10 +204,10 @@ def _render_runtime(report, console: Console) -> None:
 
 def _render_package_files(report, console: Console) -> None:
     section(console, f"shards ({len(report.shards)})")
-    shown = report.shards if len(report.shards) <= MAX_LISTED else report.shards[: MAX_LISTED - 1]
-    rows = [[s.file, "unreadable" if s.tensors is None else str(s.tensors), human_bytes(s.bytes)] for s in shown]
-    if len(shown) < len(report.shards):
-        rows.append([f"… and {len(report.shards) - len(shown)} more", "", ""])
+    listed = report.shards if len(report.shards) <= MAX_LISTED else report.shards[: MAX_LISTED - 1]
+    rows = [[shown(s.file), "unreadable" if s.tensors is None else str(s.tensors), human_bytes(s.bytes)] for s in listed]
+    if len(listed) < len(report.shards):
+        rows.append([f"… and {len(report.shards) - len(listed)} more", "", ""])
     print_table(console, ["file", "tensors", "bytes"], rows, right=(1, 2))
     if report.problems:
         section(console, f"{plural(len(report.problems), 'disagreement')} (`ascendconv verify` checks everything)")
@@ -214,10 +220,7 @@ def _render_package_files(report, console: Console) -> None:
 
 def _render_tensor_list(report, console: Console) -> None:
     numbers = {s.file: i + 1 for i, s in enumerate(report.shards)}
-    head = Text()
-    head.append(report.title, style="bold")
-    head.append(f"  {report.label}")
-    console.print(head)
+    _print_head(report, console)
     console.print(
         Text(
             f"{len(report.tensors)} of {plural(report.tensor_count, 'tensor')} match "
@@ -226,7 +229,7 @@ def _render_tensor_list(report, console: Console) -> None:
     )
     rows = [
         [
-            t.name,
+            shown(t.name),
             t.dtype,
             "×".join(map(str, t.shape)) or "scalar",
             t.quant_type or "(undescribed)",
@@ -243,4 +246,4 @@ def _render_tensor_list(report, console: Console) -> None:
         listed = [listed[0], listed[-1]]
     for file, number in listed:
         label = f"shard {number} = "
-        console.print(Text(label + fitted(console, file, console.width - len(label)), style="dim"))
+        console.print(Text(label + fitted(console, shown(file), console.width - len(label)), style="dim"))

@@ -3,6 +3,8 @@
 On a terminal a table is fitted to its width (names elided in the middle, keeping their layer and
 expert numbers; sentences wrapped); in a pipe or a CI log nothing is cut, wrapped or padded: a
 tensor name is the one thing its reader needs whole, and grep or diff should see no trailing spaces.
+Every cell and value is printed with its control characters as escapes (`console.shown`): a table's
+own line breaks are those of its cells, a name's are shown as '\\n' by the renderer that puts it in.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+
+from ascendconv.cli.console import shown
 
 _GAP = 2  # cells between two columns of a table
 MAX_LISTED = 10  # items a summary lists before '… and N more'
@@ -27,7 +31,7 @@ def human_bytes(n: float) -> str:
 
 def section(console: Console, title: str) -> None:
     console.print()
-    console.print(Text(title, style="bold"))
+    console.print(Text(shown(title), style="bold"))
 
 
 def deployment_flags(deployment: dict) -> str:
@@ -143,6 +147,7 @@ def print_grid(console: Console, rows: list[tuple[str, str]], gap: int = 2, labe
                value_style: str | None = None) -> None:
     """Label-value lines. On a terminal the value wraps under its own column; elsewhere each line
     is whole and unpadded."""
+    rows = [(shown(label), shown(value)) for label, value in rows]
     if not console.is_terminal:
         width = max((cell_len(label) for label, _ in rows), default=0)
         for label, value in rows:
@@ -172,6 +177,7 @@ def print_table(
     rest keep their width. A table with `lead` columns that name its rows (one column per scheme
     after them) is printed in parts that each fit, every part repeating the lead columns: a number
     or a type is never cut. Elsewhere every cell is printed whole, on one line per cell line."""
+    rows = [["\n".join(shown(line) for line in cell.split("\n")) for cell in row] for row in rows]
     widths = [
         max([cell_len(h)] + [cell_len(line) for row in rows for line in row[i].split("\n")])
         for i, h in enumerate(headers)
