@@ -21,7 +21,7 @@ from rich.markup import escape
 from typer.core import TyperGroup, TyperOption
 
 from ascendconv import __version__
-from ascendconv.cli.console import err, leave_broken_pipe, out, shown
+from ascendconv.cli.console import err, leave_broken_pipe, out, terminal_safe
 from ascendconv.cli.envelope import dump_envelope, error_envelope, usage_hint
 from ascendconv.errors import EXIT_INTERRUPTED, AscendconvError, Interrupted, file_system_error, out_of_memory, unreadable
 
@@ -143,13 +143,13 @@ def report(command: str | None, code: str, message: str, hint: str | None, exit_
     if as_json:
         dump_envelope(error_envelope(command, code, message, hint, exit_code))
     # soft_wrap: a message names files and tensors; never break it inside a name
-    err.print(f"[bold red]error:[/] {escape(shown(message))}", highlight=False, soft_wrap=True)
+    err.print(f"[bold red]error:[/] {escape(terminal_safe(message))}", highlight=False, soft_wrap=True)
     show_hint(hint)
 
 
 def show_hint(hint: str | None) -> None:
     if hint:
-        err.print(f"[dim]hint:[/] {escape(shown(hint))}", highlight=False, soft_wrap=True)
+        err.print(f"[dim]hint:[/] {escape(terminal_safe(hint))}", highlight=False, soft_wrap=True)
 
 
 def run(action: Callable[[], object], as_json: bool, command: str) -> object:
@@ -173,7 +173,7 @@ def run(action: Callable[[], object], as_json: bool, command: str) -> object:
         what = f"by {signal.Signals(exc.signum).name}" if isinstance(exc, Interrupted) else ""
         outcome = getattr(exc, "outcome", None)
         err.print(
-            f"[bold red]interrupted[/] {what}" + (f": {escape(shown(outcome))}" if outcome else ""), highlight=False, soft_wrap=True
+            f"[bold red]interrupted[/] {what}" + (f": {escape(terminal_safe(outcome))}" if outcome else ""), highlight=False, soft_wrap=True
         )
         code = exc.exit_code if isinstance(exc, Interrupted) else EXIT_INTERRUPTED
         if as_json:

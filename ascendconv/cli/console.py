@@ -41,7 +41,7 @@ for _console in (out, err):
 _UNSHOWN = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 
-def shown(text: object) -> str:
+def terminal_safe(text: object) -> str:
     """Text from a file (a tensor or file name, a config value, a message naming them) as a terminal
     may show it: each control character as its escape, as Python writes it ('\\x1b', '\\n',
     '\\u202e'). A name is untrusted input: raw, its ESC sequences would recolour or clear the
@@ -54,4 +54,4 @@ def shown(text: object) -> str:
 def notice(text: str) -> None:
     """A library message for the user (e.g. the kernels' first compilation), on stderr even with
     --quiet or --json: it explains a pause that happens once."""
-    err.print(f"[dim]{escape(shown(text))}[/]", highlight=False, soft_wrap=True)
+    err.print(f"[dim]{escape(terminal_safe(text))}[/]", highlight=False, soft_wrap=True)

@@ -7,7 +7,7 @@ import dataclasses
 from rich.console import Console
 from rich.text import Text
 
-from ascendconv.cli.console import shown
+from ascendconv.cli.console import terminal_safe
 from ascendconv.cli.render.tables import deployment_flags, human_bytes, print_table, section, types_cell
 from ascendconv.errors import plural
 
@@ -16,13 +16,13 @@ def print_warnings(warnings: list[str], err: Console) -> None:
     """Each warning on stderr, one line each (never wrapped: CI logs grep them), with or without
     --quiet: a quiet run is one with no table, not one that hides what may be wrong."""
     for warning in warnings:
-        err.print(Text(f"warning: {shown(warning)}", style="yellow"), soft_wrap=True)
+        err.print(Text(f"warning: {terminal_safe(warning)}", style="yellow"), soft_wrap=True)
 
 
 def render_convert(result, out: Console, err: Console, source: str = "SRC") -> None:
     """What became what (module groups), shards when planning, fallbacks, and the totals."""
     plan = result.plan
-    head = "plan (dry run, nothing written)" if result.dry_run else f"wrote {shown(result.output)}"
+    head = "plan (dry run, nothing written)" if result.dry_run else f"wrote {terminal_safe(result.output)}"
     if result.part:
         head += f" (part {result.part[0]} of {result.part[1]}: {plural(len(result.shard_checksums), 'shard')})"
     out.print(Text(head, style="bold"))
@@ -32,13 +32,13 @@ def render_convert(result, out: Console, err: Console, source: str = "SRC") -> N
     if deployment.tp > 1 or deployment.ep or deployment.shared_experts_as_routed or not deployment.mtp_heads:
         out.print(Text(f"planned for {deployment_flags(dataclasses.asdict(deployment))}"))
     print_warnings(plan.warnings, err)
-    rows = [[shown(pattern), str(sum(types.values())), types_cell(types)] for pattern, types in plan.module_groups().items()]
+    rows = [[terminal_safe(pattern), str(sum(types.values())), types_cell(types)] for pattern, types in plan.module_groups().items()]
     section(out, "source linears, by module (layer and expert numbers as *)")
     print_table(out, ["module", "n", "written as"], rows, right=(1,))
     conversions = plan.conversion_counts()
     if conversions["relaid"]:
         section(out, "MX payloads, by tensor: relaid (the source's bytes, lossless) or requantized")
-        rows = [[shown(pattern), str(c["relaid"]), str(c["requantized"])] for pattern, c in plan.conversion_groups().items()]
+        rows = [[terminal_safe(pattern), str(c["relaid"]), str(c["requantized"])] for pattern, c in plan.conversion_groups().items()]
         print_table(out, ["tensor", "relaid", "requantized"], rows, right=(1, 2))
     if result.dry_run:
         section(out, f"shards (limit {human_bytes(plan.max_shard_size) if plan.max_shard_size else 'none'})")
@@ -50,7 +50,7 @@ def render_convert(result, out: Console, err: Console, source: str = "SRC") -> N
         print_table(out, ["modules", "reason"], [[str(n), why] for why, n in kept.items()], right=(0,), wrap=1)
     if plan.added:
         section(out, "added FLOAT, for the MTP drafter (the release lacks them; --no-mtp-heads leaves them out)")
-        rows = [[shown(added.name), shown(added.source), added.reason] for added in plan.added]
+        rows = [[terminal_safe(added.name), terminal_safe(added.source), added.reason] for added in plan.added]
         print_table(out, ["tensor", "copy of", "why"], rows, wrap=2)
     if plan.fallbacks:
         section(out, f"{plural(len(plan.fallbacks), 'fallback')}")
@@ -99,8 +99,8 @@ def fallback_rows(fallbacks) -> list[list[str]]:
     for (pattern, requested, written, reason), members in merged.items():
         one = len(members) == 1
         rows.append(
-            [shown(members[0].module if one else pattern), str(len(members)), f"{requested}\n→ {written}",
-             shown(members[0].reason if one else reason)]
+            [terminal_safe(members[0].module if one else pattern), str(len(members)), f"{requested}\n→ {written}",
+             terminal_safe(members[0].reason if one else reason)]
         )
     return rows
 

@@ -6,7 +6,7 @@ from rich.cells import cell_len
 from rich.console import Console
 from rich.text import Text
 
-from ascendconv.cli.console import shown
+from ascendconv.cli.console import terminal_safe
 from ascendconv.cli.render.convert import fallback_rows
 from ascendconv.cli.render.tables import (
     MAX_LISTED,
@@ -33,7 +33,7 @@ def render_inspect(report, console: Console) -> None:
 def _print_head(report, console: Console) -> None:
     """The title (the directory's name or the repo id) and what the directory holds."""
     head = Text()
-    head.append(shown(report.title), style="bold")
+    head.append(terminal_safe(report.title), style="bold")
     head.append(f"  {report.label}")
     console.print(head)
 
@@ -138,7 +138,7 @@ def _render_inspect_summary(report, console: Console) -> None:
                  for label, value in facts]
     print_grid(console, facts)
     for warning in report.warnings:
-        console.print(Text(f"warning: {shown(warning)}", style="yellow"))
+        console.print(Text(f"warning: {terminal_safe(warning)}", style="yellow"))
 
     for title, table, key in (("tensors by dtype", report.by_dtype, "dtype"), ("tensors by quant type", report.by_quant_type, "quant type")):
         section(console, title)
@@ -152,13 +152,13 @@ def _render_inspect_summary(report, console: Console) -> None:
         if report.schemes is not None:
             schemes = list(report.schemes)
             headers = ["module", "n", *schemes]
-            rows = [[shown(g.pattern), str(g.modules), *(types_cell(g.schemes[s]) for s in schemes)] for g in report.groups]
+            rows = [[terminal_safe(g.pattern), str(g.modules), *(types_cell(g.schemes[s]) for s in schemes)] for g in report.groups]
         elif package is not None:
             headers = ["module", "n", "type", "dtype"]
-            rows = [[shown(g.pattern), str(g.modules), types_cell(g.types), types_cell(g.dtypes)] for g in report.groups]
+            rows = [[terminal_safe(g.pattern), str(g.modules), types_cell(g.types), types_cell(g.dtypes)] for g in report.groups]
         else:
             headers = ["module", "n", "dtype"]
-            rows = [[shown(g.pattern), str(g.modules), types_cell(g.dtypes)] for g in report.groups]
+            rows = [[terminal_safe(g.pattern), str(g.modules), types_cell(g.dtypes)] for g in report.groups]
         print_table(console, headers, rows, right=(1,), lead=2)
     if report.schemes is not None:
         _render_fallbacks(report, console)
@@ -205,7 +205,7 @@ def _render_runtime(report, console: Console) -> None:
 def _render_package_files(report, console: Console) -> None:
     section(console, f"shards ({len(report.shards)})")
     listed = report.shards if len(report.shards) <= MAX_LISTED else report.shards[: MAX_LISTED - 1]
-    rows = [[shown(s.file), "unreadable" if s.tensors is None else str(s.tensors), human_bytes(s.bytes)] for s in listed]
+    rows = [[terminal_safe(s.file), "unreadable" if s.tensors is None else str(s.tensors), human_bytes(s.bytes)] for s in listed]
     if len(listed) < len(report.shards):
         rows.append([f"… and {len(report.shards) - len(listed)} more", "", ""])
     print_table(console, ["file", "tensors", "bytes"], rows, right=(1, 2))
@@ -229,7 +229,7 @@ def _render_tensor_list(report, console: Console) -> None:
     )
     rows = [
         [
-            shown(t.name),
+            terminal_safe(t.name),
             t.dtype,
             "×".join(map(str, t.shape)) or "scalar",
             t.quant_type or "(undescribed)",
@@ -246,4 +246,4 @@ def _render_tensor_list(report, console: Console) -> None:
         listed = [listed[0], listed[-1]]
     for file, number in listed:
         label = f"shard {number} = "
-        console.print(Text(label + fitted(console, shown(file), console.width - len(label)), style="dim"))
+        console.print(Text(label + fitted(console, terminal_safe(file), console.width - len(label)), style="dim"))

@@ -3,7 +3,7 @@
 On a terminal a table is fitted to its width (names elided in the middle, keeping their layer and
 expert numbers; sentences wrapped); in a pipe or a CI log nothing is cut, wrapped or padded: a
 tensor name is the one thing its reader needs whole, and grep or diff should see no trailing spaces.
-Every cell and value is printed with its control characters as escapes (`console.shown`): a table's
+Every cell and value is printed with its control characters as escapes (`console.terminal_safe`): a table's
 own line breaks are those of its cells, a name's are shown as '\\n' by the renderer that puts it in.
 """
 
@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ascendconv.cli.console import shown
+from ascendconv.cli.console import terminal_safe
 
 _GAP = 2  # cells between two columns of a table
 MAX_LISTED = 10  # items a summary lists before '… and N more'
@@ -31,7 +31,7 @@ def human_bytes(n: float) -> str:
 
 def section(console: Console, title: str) -> None:
     console.print()
-    console.print(Text(shown(title), style="bold"))
+    console.print(Text(terminal_safe(title), style="bold"))
 
 
 def deployment_flags(deployment: dict) -> str:
@@ -96,7 +96,7 @@ def elide_name(name: str, width: int) -> str:
     whole_from = len(tokens) - (1 if tokens[-2].isdigit() else 2)  # the last words stay whole
     state = ["keep"] * len(tokens)
 
-    def shown() -> str:
+    def terminal_safe() -> str:
         text = ""
         for token, how in zip(tokens, state):
             if how == "drop":
@@ -111,8 +111,8 @@ def elide_name(name: str, width: int) -> str:
     steps = [(i, "drop") for i in words if not tokens[i + 1].isdigit()] + [(i, "short") for i in words if tokens[i + 1].isdigit()]
     for i, how in steps:
         state[i] = how
-        if cell_len(shown()) <= width:
-            return shown()
+        if cell_len(terminal_safe()) <= width:
+            return terminal_safe()
     return elide_middle(name, width)
 
 
@@ -147,7 +147,7 @@ def print_grid(console: Console, rows: list[tuple[str, str]], gap: int = 2, labe
                value_style: str | None = None) -> None:
     """Label-value lines. On a terminal the value wraps under its own column; elsewhere each line
     is whole and unpadded."""
-    rows = [(shown(label), shown(value)) for label, value in rows]
+    rows = [(terminal_safe(label), terminal_safe(value)) for label, value in rows]
     if not console.is_terminal:
         width = max((cell_len(label) for label, _ in rows), default=0)
         for label, value in rows:
@@ -177,7 +177,7 @@ def print_table(
     rest keep their width. A table with `lead` columns that name its rows (one column per scheme
     after them) is printed in parts that each fit, every part repeating the lead columns: a number
     or a type is never cut. Elsewhere every cell is printed whole, on one line per cell line."""
-    rows = [["\n".join(shown(line) for line in cell.split("\n")) for cell in row] for row in rows]
+    rows = [["\n".join(terminal_safe(line) for line in cell.split("\n")) for cell in row] for row in rows]
     widths = [
         max([cell_len(h)] + [cell_len(line) for row in rows for line in row[i].split("\n")])
         for i, h in enumerate(headers)

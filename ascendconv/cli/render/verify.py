@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ascendconv.ascendv1 import Provenance
-from ascendconv.cli.console import shown
+from ascendconv.cli.console import terminal_safe
 from ascendconv.errors import plural
 from ascendconv.cli.render.tables import deployment_flags, elide_name, print_table, section
 
@@ -29,25 +29,25 @@ def render_verify(report, out: Console, top: int = 10, quiet: bool = False) -> N
     prov = report.provenance
     if not quiet:
         origin = Provenance(prov).origin() if prov else "no provenance"
-        out.print(f"[bold]verify[/] {escape(shown(report.package))}  [dim]({escape(shown(origin))})[/]", highlight=False)
+        out.print(f"[bold]verify[/] {escape(terminal_safe(report.package))}  [dim]({escape(terminal_safe(origin))})[/]", highlight=False)
         line = deployment_line(report.deployment)
         if line:
-            out.print(f"[dim]{escape(shown(line))}[/]", highlight=False)
-        rows = [[c.name, "FAIL" if not c.ok else ("skip" if c.skipped else "pass"), shown(c.detail)] for c in report.checks]
+            out.print(f"[dim]{escape(terminal_safe(line))}[/]", highlight=False)
+        rows = [[c.name, "FAIL" if not c.ok else ("skip" if c.skipped else "pass"), terminal_safe(c.detail)] for c in report.checks]
         print_table(out, ["check", "result", "detail"], rows, elide=None, wrap=2)
     for check in report.failed:
         out.print(f"[bold red]{check.name}[/]: {plural(len(check.problems), 'problem')}", highlight=False)
         for problem in check.problems[:8]:
-            out.print(f"  - {escape(shown(problem))}", highlight=False)
+            out.print(f"  - {escape(terminal_safe(problem))}", highlight=False)
         if len(check.problems) > 8:
             out.print(f"  … and {len(check.problems) - 8} more (see --json)")
         if check.hint:
-            out.print(f"  [dim]hint:[/] {escape(shown(check.hint))}", highlight=False)
+            out.print(f"  [dim]hint:[/] {escape(terminal_safe(check.hint))}", highlight=False)
     if report.tensors and not quiet:
         layer_strip(report.to_dict(), out)
         section(out, f"worst {min(top, len(report.tensors))} of {len(report.tensors)} weights")
         rows = [
-            [shown(t.name), t.type, _db(t.sqnr_db), f"{t.rel_err:.4f}", f"{t.max_abs:.3g}", f"{t.saturated:.2%}", _yes(t.ok)]
+            [terminal_safe(t.name), t.type, _db(t.sqnr_db), f"{t.rel_err:.4f}", f"{t.max_abs:.3g}", f"{t.saturated:.2%}", _yes(t.ok)]
             for t in report.tensors[:top]
         ]
         headers = ["tensor", "type", "SQNR dB", "rel err", "max abs", "saturated", "ok"]
@@ -55,7 +55,7 @@ def render_verify(report, out: Console, top: int = 10, quiet: bool = False) -> N
     if report.moe and not quiet:
         section(out, "MoE layers: GroupedMatmulSituQuant chain, package vs source experts")
         rows = [
-            [shown(m.layer), m.type, f"{m.experts_used}/{m.experts}", str(m.tokens), f"{m.rel_err_situ:.4f}",
+            [terminal_safe(m.layer), m.type, f"{m.experts_used}/{m.experts}", str(m.tokens), f"{m.rel_err_situ:.4f}",
              f"{m.rel_err:.4f}", f"{m.max_rel_err:g}", _yes(m.ok), f"{m.rel_err_bf16:.4f}"]
             for m in report.moe
         ]
@@ -64,7 +64,7 @@ def render_verify(report, out: Console, top: int = 10, quiet: bool = False) -> N
     if report.npu and not quiet:
         section(out, "GroupedMatmulSituQuant on the NPU vs the CPU reference")
         rows = [
-            [shown(r.layer), str(r.experts_used), str(r.tokens), f"{r.rel_err:.4f}", f"{r.codes_equal:.2%}",
+            [terminal_safe(r.layer), str(r.experts_used), str(r.tokens), f"{r.rel_err:.4f}", f"{r.codes_equal:.2%}",
              f"{r.scales_equal:.2%}", f"{r.tol:g}", _yes(r.ok)]
             for r in report.npu
         ]
@@ -114,7 +114,7 @@ def layer_strip(data: dict, out: Console) -> None:
         return
     section(out, f"worst SQNR per layer, {rows[0]} to {rows[-1]} left to right "
                  f"({BLOCKS[0]} {STRIP_LOW_DB:.0f} dB or less … {BLOCKS[-1]} {STRIP_HIGH_DB:.0f} dB or more, = exact, ! failed)")
-    labels = {kind: shown(kind) for kind in grid.kinds}
+    labels = {kind: terminal_safe(kind) for kind in grid.kinds}
     label_width = max(len(label) for label in labels.values())
     if out.is_terminal:
         label_width = min(label_width, max(12, out.width - len(rows) - 18))
@@ -135,5 +135,5 @@ def layer_strip(data: dict, out: Console) -> None:
                 share = (min(max(cell.worst_db, STRIP_LOW_DB), STRIP_HIGH_DB) - STRIP_LOW_DB) / (STRIP_HIGH_DB - STRIP_LOW_DB)
                 marks.append(BLOCKS[min(len(BLOCKS) - 1, int(share * len(BLOCKS)))])
         label = elide_name(labels[kind], label_width) if out.is_terminal else labels[kind]
-        low = "" if worst is None else ("  exact" if not math.isfinite(worst[0]) else f"  {worst[0]:.1f} dB (layer {shown(worst[1])})")
+        low = "" if worst is None else ("  exact" if not math.isfinite(worst[0]) else f"  {worst[0]:.1f} dB (layer {terminal_safe(worst[1])})")
         out.print(f"{label:<{label_width}}  {''.join(marks)}{low}", markup=False, highlight=False)
