@@ -209,7 +209,7 @@ def test_a_second_run_to_the_same_output_fails_at_once(fixture_copy, tmp_path):
     lock.acquire()  # as another process converting to OUT would
     try:
         result = run_convert(src, out)
-        assert result.exit_code == 2 and "another ascendconv run is writing" in result.stderr
+        assert result.exit_code == 2 and f"another ascendconv run (pid {os.getpid()}) is writing" in result.stderr
         assert not out.exists()
     finally:
         lock.release()

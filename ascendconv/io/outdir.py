@@ -31,6 +31,7 @@ from ascendconv.errors import (
     OutputExistsError,
     OutputPathError,
     UnsafeOutputError,
+    shown,
 )
 from ascendconv.io.files import is_within
 
@@ -205,10 +206,11 @@ class OutputLock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
+                holder = self._holder(fd)
                 os.close(fd)
                 raise OutputBusyError(
-                    f"{self.path.parent / self.path.name[1:-len(LOCK_TAG)]}: another ascendconv run is writing this "
-                    f"output (it holds {self.path})",
+                    f"{self.path.parent / self.path.name[1:-len(LOCK_TAG)]}: another ascendconv run{holder} is writing "
+                    f"this output (it holds {self.path})",
                     "wait for it to finish, or choose another OUT",
                 ) from None
             # A holder that finished between our open and our flock has unlinked the file we hold:
@@ -222,6 +224,19 @@ class OutputLock:
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()} {os.uname().nodename}\n".encode())
         self.fd = fd
+
+    @staticmethod
+    def _holder(fd: int) -> str:
+        """' (pid P on HOST)' as the holder recorded it in the lock file, or '' (not written yet,
+        or not what a run writes)."""
+        try:
+            words = os.pread(fd, 300, 0).decode("utf-8", "replace").split()
+        except OSError:
+            return ""
+        if len(words) != 2 or not words[0].isdigit():
+            return ""
+        pid, host = words
+        return f" (pid {pid}" + ("" if host == os.uname().nodename else f" on {shown(host)}") + ")"
 
     def _open(self) -> int:
         """The lock file, opened without following a symlink and refused unless it is a regular file
