@@ -52,3 +52,42 @@ def test_a_busy_output_names_the_run_that_holds_it(tmp_path):
     finally:
         holder.communicate("", timeout=30)
     assert runner.invoke(app, ["convert", str(DENSE), str(out), "--quiet"]).exit_code == 0
+
+
+def replaced_package(tmp_path, monkeypatch) -> tuple[Path, list[bool]]:
+    """An --overwrite run over a package, with OUT looked at after every rename the run makes (as a
+    reader of OUT would find it at that moment): [True, ...] where a package was there."""
+    out = tmp_path / "out"
+    assert runner.invoke(app, ["convert", str(DENSE), str(out), "--quiet", "--scheme", "w4a8-mxfp"]).exit_code == 0
+    seen: list[bool] = []
+    rename = Path.rename
+
+    def looked_at(self, target):
+        moved = rename(self, target)
+        seen.append((out / "quant_model_description.json").is_file())
+        return moved
+
+    monkeypatch.setattr(Path, "rename", looked_at)
+    result = runner.invoke(app, ["convert", str(DENSE), str(out), "--quiet", "--overwrite"])
+    assert result.exit_code == 0, result.output
+    return out, seen
+
+
+def test_overwrite_never_leaves_out_missing(tmp_path, monkeypatch):
+    """The old package leaves and the new one arrives in one step: between the two renames of
+    before, OUT did not exist, and a verify, inspect or server starting then found nothing (or,
+    killed there, the old package and the new one were both left under hidden names)."""
+    out, seen = replaced_package(tmp_path, monkeypatch)
+    assert seen and all(seen)
+    assert runner.invoke(app, ["verify", str(out), "--quiet"]).exit_code == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # the old package is gone, and no staging
+
+
+def test_overwrite_renames_twice_where_the_system_cannot_exchange(tmp_path, monkeypatch):
+    import ascendconv.io.outdir as outdir
+
+    monkeypatch.setattr(outdir, "exchanged", lambda a, b: False)
+    out, seen = replaced_package(tmp_path, monkeypatch)
+    assert seen == [False, True]  # the old way: OUT missing for a moment
+    assert runner.invoke(app, ["verify", str(out), "--quiet"]).exit_code == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]

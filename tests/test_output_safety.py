@@ -425,7 +425,8 @@ def test_a_symlink_that_appears_at_out_during_a_run_is_left_alone(fixture_copy, 
     assert hidden_siblings(tmp_path) == []
 
 
-def test_a_failed_final_rename_puts_the_old_package_back(fixture_copy, tmp_path, monkeypatch):
+@pytest.mark.parametrize("publish", ["exchange", "two renames"])
+def test_a_failed_final_rename_puts_the_old_package_back(fixture_copy, tmp_path, monkeypatch, publish):
     src = fixture_copy(DENSE)
     out = tmp_path / "out"
     convert(src, out, ConvertOptions())
@@ -437,6 +438,12 @@ def test_a_failed_final_rename_puts_the_old_package_back(fixture_copy, tmp_path,
             raise PermissionError(1, "Operation not permitted", str(self))
         return real_rename(self, target)
 
+    def exchanged(a, b):  # where the system cannot exchange, publish renames twice
+        if publish == "two renames":
+            return False
+        raise PermissionError(1, "Operation not permitted", str(a))
+
+    monkeypatch.setattr(outdir, "exchanged", exchanged)
     monkeypatch.setattr(Path, "rename", rename)
     with pytest.raises(OutputPathError) as caught:
         convert(src, out, ConvertOptions(overwrite=True, scale_rule="floor"))

@@ -1,7 +1,8 @@
 """The output directory's life: checks, a lock, a private staging directory, the atomic publish.
 
 A package appears at OUT only whole: it is built in a hidden sibling `.NAME.ascendconv-staging-<random>`
-and renamed into place. A lock file beside OUT (`.NAME.ascendconv-lock`, held with flock) makes a
+and renamed into place (with --overwrite, exchanged with the old package in one step where Linux can:
+OUT is never missing). A lock file beside OUT (`.NAME.ascendconv-lock`, held with flock) makes a
 second run to the same OUT fail at once instead of silently replacing the first one's work; flock
 works across PID namespaces and dies with its holder. Whoever holds the lock may remove staging and
 old-package remains that a dead process left (SIGKILL, power loss): no live process can own them.
@@ -13,13 +14,16 @@ old-package remains that a dead process left (SIGKILL, power loss): no live proc
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import fcntl
+import functools
 import os
 import secrets
 import shutil
 import signal
 import stat
+import sys
 import threading
 from pathlib import Path
 from typing import Callable, Iterator, NoReturn
@@ -273,6 +277,38 @@ class OutputLock:
         self.fd = None
 
 
+_RENAME_EXCHANGE = 2  # linux/fs.h
+_AT_FDCWD = -100
+
+
+def exchanged(a: Path, b: Path) -> bool:
+    """Swap the directories `a` and `b` in one step (Linux renameat2 RENAME_EXCHANGE), so that
+    neither name is ever missing: True, or False where the system or file system cannot (then the
+    caller renames twice). Other failures are the OSError of the call."""
+    renameat2 = _renameat2()
+    if renameat2 is None:
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(a), None, str(b))
+
+
+@functools.lru_cache(maxsize=1)
+def _renameat2():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        function = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # a C library without it (glibc < 2.28, some musl)
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    function.restype = ctypes.c_int
+    return function
+
+
 def stale_siblings(out: Path) -> list[Path]:
     """Staging and old-package directories of OUT that a dead run left behind."""
     tags = (STAGING_TAG, OLD_TAG, *LEGACY_TAGS)
@@ -364,14 +400,23 @@ class StagedOutput:
             raise type(exc)(changed, exc.hint) from None
         replacing = self.out.is_dir() and any(self.out.iterdir())
         with signals_deferred():  # the two renames: both or neither
-            if replacing:
-                self.trash = self.out.parent / f".{self.out.name}{OLD_TAG}{secrets.token_hex(8)}"
-                self.out.rename(self.trash)
+            swapped = False
+            trash = self.out.parent / f".{self.out.name}{OLD_TAG}{secrets.token_hex(8)}"
             try:
-                self.staging.rename(self.out)
+                if replacing:
+                    # one step where the system can: OUT is never missing, so a reader of it (verify,
+                    # inspect, a server starting) finds the old package or the new one, whole
+                    swapped = exchanged(self.staging, self.out)
+                    if not swapped:
+                        self.out.rename(trash)
+                    self.trash = trash
+                if not swapped:
+                    self.staging.rename(self.out)
             except OSError as exc:
                 self._restore_old()
                 raise self._not_published(exc) from exc
+            if swapped:
+                self._set_aside_old()
             self.published = True
             if self.ledger is not None:
                 with contextlib.suppress(FileNotFoundError):
@@ -383,6 +428,14 @@ class StagedOutput:
                     self.notice(self.outcome)
             else:
                 self.trash = None
+
+    def _set_aside_old(self) -> None:
+        """After the exchange the old package has staging's name: give it its own (or, failing that,
+        leave it there, where the next run to OUT removes it as well)."""
+        try:
+            self.staging.rename(self.trash)
+        except OSError:
+            self.trash = self.staging
 
     def _restore_old(self) -> None:
         if self.trash is not None:
