@@ -273,6 +273,13 @@ class PackageError(InputError):
     default_hint = "pass a directory written by `ascendconv convert`"
 
 
+class PackageReplacedError(PackageError):
+    """The package directory was replaced (or removed) while it was being read: what was read may
+    come from two packages, so no check of it is reported."""
+
+    default_hint = "run the command again once the run writing that output has finished"
+
+
 class NotRegularFileError(HeaderError):
     default_hint = "replace it with the regular file it stands for (a FIFO or device is never read)"
 

@@ -91,3 +91,34 @@ def test_overwrite_renames_twice_where_the_system_cannot_exchange(tmp_path, monk
     assert seen == [False, True]  # the old way: OUT missing for a moment
     assert runner.invoke(app, ["verify", str(out), "--quiet"]).exit_code == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_verify_of_a_package_replaced_while_it_reads_is_a_named_error(tmp_path, monkeypatch):
+    """verify reads OUT's files one after another; a run publishing another package there meanwhile
+    (--overwrite) made it compare the old provenance with the new files: failed checks that blamed
+    the package ('copies', 'checksums'), or, for files alike, a pass of a mix of two packages."""
+    import json
+
+    import ascendconv.verify as verify_module
+    from ascendconv.convert import ConvertOptions, convert
+
+    out = tmp_path / "out"
+    convert(DENSE, out, ConvertOptions(scheme="w4a8-mxfp"))
+    scan = verify_module._scan
+
+    def another_run_publishes(*args, **kwargs):  # after the shards are read, before the other files
+        found = scan(*args, **kwargs)
+        convert(DENSE, out, ConvertOptions(overwrite=True))
+        return found
+
+    monkeypatch.setattr(verify_module, "_scan", another_run_publishes)
+    result = runner.invoke(app, ["verify", str(out), "--json"])
+    assert result.exit_code == 3, result.output
+    error = json.loads(result.stdout)
+    assert error["error"] == "PackageReplacedError"
+    assert error["message"] == (
+        f"{out}: was replaced while it was being verified (a run published a package there); the files read may "
+        "come from the old package and the new one, so nothing is reported of either"
+    )
+    monkeypatch.setattr(verify_module, "_scan", scan)
+    assert runner.invoke(app, ["verify", str(out), "--quiet"]).exit_code == 0  # the new package, read alone
