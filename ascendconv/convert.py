@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -238,9 +239,26 @@ def space_to_write(source: Source, plan: Plan, wanted: list[int], out: Path, res
     tensors = [t for i in wanted for t in plan.shards[i].tensors]
     needed = space_needed([t.name for t in tensors], sum(t.nbytes for t in tensors), copied)
     if resume:
-        kept = [p for staging in stale_siblings(out) if STAGING_TAG in staging.name for p in staging.iterdir()]
-        needed -= sum(p.stat().st_size for p in kept if p.is_file() and not p.is_symlink())
+        needed -= sum(kept_bytes(staging) for staging in stale_siblings(out) if STAGING_TAG in staging.name)
     return max(needed, 0)
+
+
+def kept_bytes(staging: Path) -> int:
+    """Bytes of the regular files in a staging directory, read before OUT's lock is taken: another
+    run may be writing it, or rename it into place or remove it meanwhile (then what is gone counts 0)."""
+    total = 0
+    try:
+        entries = list(staging.iterdir())
+    except OSError:
+        return 0
+    for path in entries:
+        try:
+            st = path.lstat()
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            total += st.st_size
+    return total
 
 
 def resume_shards(

@@ -122,3 +122,32 @@ def test_verify_of_a_package_replaced_while_it_reads_is_a_named_error(tmp_path, 
     )
     monkeypatch.setattr(verify_module, "_scan", scan)
     assert runner.invoke(app, ["verify", str(out), "--quiet"]).exit_code == 0  # the new package, read alone
+
+
+def test_a_resume_run_meeting_another_runs_staging_as_it_publishes_is_told_busy(tmp_path, monkeypatch):
+    """Before taking the lock, --resume sizes the kept work beside OUT; a live run's staging listed
+    there and renamed into place (or its ledger's temporary file replaced) before it was read made
+    the run end in FileSystemError ('No such file or directory', exit 4), not the busy output it met."""
+    import ascendconv.convert as convert_module
+    from ascendconv.io.outdir import STAGING_TAG
+
+    out = tmp_path / "out"
+    staging = tmp_path / f".out{STAGING_TAG}0123456789abcdef"
+    staging.mkdir()
+    (staging / "quant_model_weights-00001-of-00002.safetensors").write_bytes(b"x" * 1000)
+    holder = hold_lock(out)  # the run writing that staging
+    siblings = convert_module.stale_siblings
+
+    def listed_then_published(path):
+        found = siblings(path)
+        staging.rename(out)  # the other run publishes between the listing and the reads
+        return found
+
+    monkeypatch.setattr(convert_module, "stale_siblings", listed_then_published)
+    try:
+        result = runner.invoke(app, ["convert", str(DENSE), str(out), "--quiet", "--resume"])
+    finally:
+        holder.communicate("", timeout=30)
+    assert result.exit_code == 2, result.output
+    assert f"another ascendconv run (pid {holder.pid}) is writing this output" in result.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["quant_model_weights-00001-of-00002.safetensors"]
