@@ -151,3 +151,24 @@ def test_a_resume_run_meeting_another_runs_staging_as_it_publishes_is_told_busy(
     assert result.exit_code == 2, result.output
     assert f"another ascendconv run (pid {holder.pid}) is writing this output" in result.stderr
     assert sorted(p.name for p in out.iterdir()) == ["quant_model_weights-00001-of-00002.safetensors"]
+
+
+def test_two_runs_creating_the_same_missing_parent_both_succeed(tmp_path, monkeypatch):
+    """Part jobs of one matrix write parts/1, parts/2, ... under a parent that does not exist yet;
+    the job that lost the race to create it failed with OutputPathError ('File exists'), though its
+    OUT was its own."""
+    parent = tmp_path / "parts"
+    rival = parent / "2"
+    mkdir = Path.mkdir
+
+    def another_job_first(self, *args, **kwargs):
+        if self == parent and not parent.exists():
+            mkdir(parent)  # the other job's mkdir lands between our exists() and our mkdir()
+            mkdir(rival)
+        return mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", another_job_first)
+    result = runner.invoke(app, ["convert", str(DENSE), str(parent / "1"), "--quiet"])
+    assert result.exit_code == 0, result.output
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    assert sorted(p.name for p in parent.iterdir()) == ["1", "2"]

@@ -185,14 +185,20 @@ def signals_deferred(deliver: bool = True) -> Iterator[None]:
 
 
 def _make_parents(directory: Path) -> list[Path]:
-    """mkdir -p, returning the directories it created, outermost first."""
+    """mkdir -p, returning the directories it created, outermost first. One that another process
+    creates meanwhile (a run to a sibling OUT: the part jobs of one matrix) is used, not ours to remove."""
     missing = []
     while not directory.exists():
         missing.append(directory)
         directory = directory.parent
     created = []
     for path in reversed(missing):
-        path.mkdir()
+        try:
+            path.mkdir()
+        except FileExistsError:
+            if path.is_dir() and not path.is_symlink():
+                continue
+            raise
         created.append(path)
     return created
 
