@@ -262,8 +262,10 @@ def test_stale_staging_of_a_dead_run_is_removed(fixture_copy, tmp_path):
         (tmp_path / f".out{tag}").mkdir()
         (tmp_path / f".out{tag}" / "quant_model_weights-00001-of-00002.safetensors").write_bytes(b"x" * 100)
     (tmp_path / ".other.ascendconv-staging-1").mkdir()  # another OUT's: not ours to touch
+    # the staging of an OUT named 'out.ascendconv-staging-x', which begins as ours would: its own lock guards it
+    (tmp_path / f".out{STAGING_TAG}x{STAGING_TAG}0123456789abcdef").mkdir()
     assert run_convert(src, out).exit_code == 0
-    assert hidden_siblings(tmp_path) == [".other.ascendconv-staging-1"]
+    assert hidden_siblings(tmp_path) == [".other.ascendconv-staging-1", f".out{STAGING_TAG}x{STAGING_TAG}0123456789abcdef"]
 
 
 def test_failed_run_removes_the_directories_it_created(fixture_copy, tmp_path):

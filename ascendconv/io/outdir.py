@@ -19,6 +19,7 @@ import errno
 import fcntl
 import functools
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -321,7 +322,17 @@ def stale_siblings(out: Path) -> list[Path]:
     prefixes = tuple(f".{out.name}{tag}" for tag in tags)
     if not out.parent.is_dir():
         return []
-    return sorted(p for p in out.parent.iterdir() if p.name.startswith(prefixes) and p.is_dir() and not p.is_symlink())
+
+    def ours(name: str) -> bool:
+        # the tag and then only the random hex (or a legacy PID): a prefix alone would also take the
+        # staging of another OUT whose name holds a tag ('a.ascendconv-staging-x'), which its own lock guards
+        prefix = next((p for p in prefixes if name.startswith(p)), None)
+        return prefix is not None and _RANDOM_PART.fullmatch(name[len(prefix):]) is not None
+
+    return sorted(p for p in out.parent.iterdir() if ours(p.name) and p.is_dir() and not p.is_symlink())
+
+
+_RANDOM_PART = re.compile("[0-9a-f]+")
 
 
 class StagedOutput:
