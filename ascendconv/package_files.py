@@ -152,6 +152,9 @@ def recorded_name(name: str) -> str:
 def provenance_record(source: Source, plan: Plan, kernel: str, options: ConvertOptions) -> ProvenanceRecord:
     """What the package's provenance says besides the date and the shard checksums."""
     _, location = find_quantization_config(source.config)
+    # the directory's own name, whichever way SRC reached it (`.`, `..`, a symbolic link to it): one
+    # source, one provenance, so parts and --resume runs started from other spellings still agree
+    name = recorded_name(Path(os.path.realpath(source.root)).name)
     files = tuple(
         SourceFileRecord(h.path.name, h.file_size, source_fingerprint(h.header_bytes, h.file_size), tensor_sample(h))
         for h in source.headers
@@ -159,7 +162,7 @@ def provenance_record(source: Source, plan: Plan, kernel: str, options: ConvertO
     return ProvenanceRecord(
         tool="ascendconv",
         version=__version__,
-        source=SourceRecord(recorded_name(source.root.name), source.format, location, source.params, files),
+        source=SourceRecord(name, source.format, location, source.params, files),
         scheme=plan.scheme,
         scale_rule=plan.scale_rule,
         resolve_dtype=plan.resolve_dtype,
@@ -174,7 +177,7 @@ def provenance_record(source: Source, plan: Plan, kernel: str, options: ConvertO
             "shared_experts_as_routed": plan.deployment.shared_experts_as_routed,
         },
         overrides=tuple(f"{o.glob}={o.quant_type}" for o in options.overrides),
-        command=convert_command(f"{repo[0]}@{repo[1]}" if repo else recorded_name(source.root.name), options),
+        command=convert_command(f"{repo[0]}@{repo[1]}" if repo else name, options),
         added_tensors={added.name: added.to_dict() for added in plan.added},
     )
 

@@ -127,8 +127,9 @@ def resolve_source(text: str) -> Path:
 
 def cached_repo(path: Path) -> tuple[str, str] | None:
     """(repo id, commit) when `path` is a snapshot of the Hugging Face cache
-    (`.../models--org--name/snapshots/<commit>`) whose names are the Hub's, else None."""
-    path = Path(os.path.abspath(path))
+    (`.../models--org--name/snapshots/<commit>`) whose names are the Hub's, else None. The real path
+    is judged: a snapshot given as `.` or through a symbolic link to it is the same snapshot."""
+    path = Path(os.path.realpath(path))
     repo_dir = path.parent.parent
     commit = path.name
     if path.parent.name != "snapshots" or not repo_dir.name.startswith("models--") or not (

@@ -1,0 +1,72 @@
+"""Deterministic bytes: the same source and options give the same package, file for file (names,
+modes and sha256), however the run reached the source and whatever wrote each file."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from pathlib import Path
+
+from ascendconv.convert import ConvertOptions, convert
+from ascendconv.io.hfcache import resolve_source
+from conftest import FIXTURES
+
+DENSE = "qwen3-dense-fp8"
+OPTIONS = dict(scheme="w4a8-mxfp", max_shard_size=200_000)
+
+
+def package_hashes(root: Path) -> dict[str, tuple[str, str]]:
+    """name -> (mode, sha256) of every file of a package, and the directory's own mode under '.'."""
+    hashes = {".": (oct(stat.S_IMODE(root.stat().st_mode)), "")}
+    for path in sorted(root.iterdir()):
+        hashes[path.name] = (oct(stat.S_IMODE(path.stat().st_mode)), hashlib.sha256(path.read_bytes()).hexdigest())
+    return hashes
+
+
+def converted_from(src, out: Path, **options) -> dict[str, tuple[str, str]]:
+    convert(src, out, ConvertOptions(**{**OPTIONS, **options}))
+    return package_hashes(out)
+
+
+def test_a_source_given_as_dot_or_through_a_link_writes_the_same_package(tmp_path, monkeypatch):
+    """The provenance and the card named the source by the last part of SRC as typed: `convert .`
+    recorded the name '' (the card's title ', AscendV1 ...', the command `ascendconv convert '' OUT`)
+    and a symbolic link its own name, so the same checkpoint gave other bytes, and parts or a
+    --resume run started from another spelling refused each other's work."""
+    reference = converted_from(FIXTURES / DENSE, tmp_path / "ref")
+    link = tmp_path / "current"
+    link.symlink_to(FIXTURES / DENSE)
+    assert converted_from(link, tmp_path / "via-link") == reference
+    monkeypatch.chdir(FIXTURES / DENSE)
+    assert converted_from(".", tmp_path / "via-dot") == reference
+
+
+def hub_cache(root: Path, src: Path, commit: str) -> Path:
+    """A Hugging Face cache holding `src` as Org/tiny at `commit` (refs/main), files linked to blobs."""
+    repo = root / "models--Org--tiny"
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (repo / "blobs").mkdir()
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    for file in src.iterdir():
+        data = file.read_bytes()
+        blob = hashlib.sha256(data).hexdigest()
+        (repo / "blobs" / blob).write_bytes(data)
+        (snapshot / file.name).symlink_to(Path("../../blobs") / blob)
+    return snapshot
+
+
+def test_a_cached_snapshot_given_as_dot_or_through_a_link_is_its_repo(tmp_path, monkeypatch):
+    """A snapshot reached through a symbolic link was no hub source (no base_model, the link's name),
+    and `.` inside it recorded the source name ''."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    snapshot = hub_cache(tmp_path / "hub", FIXTURES / DENSE, commit)
+    reference = converted_from(resolve_source("Org/tiny"), tmp_path / "ref")
+    link = tmp_path / "model"
+    link.symlink_to(snapshot)
+    assert converted_from(link, tmp_path / "via-link") == reference
+    monkeypatch.chdir(snapshot)
+    assert converted_from(".", tmp_path / "via-dot") == reference
