@@ -3,12 +3,18 @@ modes and sha256), however the run reached the source and whatever wrote each fi
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import os
 import stat
 from pathlib import Path
 
+import pytest
+
+from ascendconv import assemble as assemble_module
 from ascendconv.convert import ConvertOptions, convert
+from ascendconv.io import writer as writer_module
 from ascendconv.io.hfcache import resolve_source
 from conftest import FIXTURES
 
@@ -70,3 +76,36 @@ def test_a_cached_snapshot_given_as_dot_or_through_a_link_is_its_repo(tmp_path, 
     assert converted_from(link, tmp_path / "via-link") == reference
     monkeypatch.chdir(snapshot)
     assert converted_from(".", tmp_path / "via-dot") == reference
+
+
+@contextlib.contextmanager
+def umask(mask: int):
+    previous = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(previous)
+
+
+@pytest.mark.parametrize("direct", [False, True], ids=["page-cache", "o-direct"])
+def test_every_file_has_one_mode_whether_converted_linked_or_copied(tmp_path, monkeypatch, direct):
+    """Shards were created 0o666 and every other file 0o644 (both less the umask): under a umask that
+    lets group or others write (002, the default of many distributions), the shards of a package
+    were 0664 beside its 0644 JSON, and `assemble` across file systems (the shards copied, not
+    linked) gave 0644 shards, so the same package differed from itself in `ls -l` and in a tar.
+    Shards of either writer: through the page cache, and with O_DIRECT (those of 64 MiB or more)."""
+    if direct:
+        monkeypatch.setattr(writer_module, "DIRECT_IO_MIN_BYTES", 0)
+    with umask(0o002):
+        reference = converted_from(FIXTURES / DENSE, tmp_path / "ref")
+        for i in (1, 2):
+            convert(FIXTURES / DENSE, tmp_path / f"part{i}", ConvertOptions(**OPTIONS, part=(i, 2)))
+
+        def no_link(*args, **kwargs):
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+        monkeypatch.setattr(assemble_module.os, "link", no_link)
+        result = assemble_module.assemble(tmp_path / "copied", [tmp_path / "part1", tmp_path / "part2"])
+    assert result.linked == 0
+    assert package_hashes(tmp_path / "copied") == reference
+    assert {mode for name, (mode, _) in reference.items() if name != "."} == {"0o644"}

@@ -128,10 +128,15 @@ def _bytes(count: int) -> str:
     return f"{count // 2**20} MiB" if count >= 2**20 else f"{count} bytes"
 
 
+# The mode (less the umask) of every file a package holds, whichever code writes it (the shard writer,
+# a JSON file, a copied file, assemble's copy of a part's shard): one package, one `ls -l`.
+FILE_MODE = 0o644
+
+
 def create_new(path: Path) -> int:
     """A descriptor of a file created for writing at `path`, which must not exist yet: O_EXCL never
     opens what is there (a symlink planted under the name included), so nothing else is written."""
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o644)
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), FILE_MODE)
 
 
 def write_new(path: Path, data: bytes) -> None:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from ascendconv.errors import shown
 from ascendconv.io.checksum import new_hasher
+from ascendconv.io.files import FILE_MODE
 from ascendconv.io.safetensors import HEADER_ALIGNMENT, tensor_nbytes
 
 if TYPE_CHECKING:
@@ -75,7 +76,7 @@ class _BufferedSink:
     """Plain writes through the page cache; the checksum in the caller's thread."""
 
     def __init__(self, path: Path):
-        self._file = open(path, "wb")
+        self._file = open(path, "wb", opener=lambda name, flags: os.open(name, flags, FILE_MODE))
         self._hasher = new_hasher()
 
     def write(self, view: memoryview) -> None:
@@ -105,9 +106,9 @@ class _DirectSink:
     def __init__(self, path: Path):
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
         try:
-            self._fd = os.open(path, flags | os.O_DIRECT, 0o666)
+            self._fd = os.open(path, flags | os.O_DIRECT, FILE_MODE)
         except OSError:
-            self._fd = os.open(path, flags, 0o666)
+            self._fd = os.open(path, flags, FILE_MODE)
         self._hasher = new_hasher()
         self._free: queue.Queue = queue.Queue()
         for _ in range(_DIRECT_BUFFERS):
