@@ -12,7 +12,7 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
-from ascendconv.errors import shown
+from ascendconv.errors import BadOptionError, shown
 from ascendconv.formats.constants import (
     E2M1,
     E4M3,
@@ -329,16 +329,28 @@ def provenance_document(
     }
 
 
+LAST_DATE_EPOCH = 253402300799  # 9999-12-31T23:59:59Z: the last date the provenance's format can spell
+
+
 def package_date(environ=None) -> str:
     """When the package is written, in UTC to the second: SOURCE_DATE_EPOCH when set (the
-    reproducible-builds convention, for a byte-identical package), else now."""
+    reproducible-builds convention, for a byte-identical package), else now. A value that is not
+    whole seconds since 1970 (`1.5`, `-1`, a word, beyond year 9999) is BadOptionError: taken as
+    unset it would give other bytes at every run without a word, and one past time_t was a crash
+    after the whole conversion; convert and assemble call this before they start."""
     import os
     import time
 
     environ = os.environ if environ is None else environ
     epoch = environ.get("SOURCE_DATE_EPOCH", "").strip()
-    seconds = int(epoch) if epoch.isdigit() else int(time.time())
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+    if not epoch:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(time.time())))
+    if not (epoch.isascii() and epoch.isdigit() and len(epoch) <= len(str(LAST_DATE_EPOCH)) and int(epoch) <= LAST_DATE_EPOCH):
+        raise BadOptionError(
+            f"SOURCE_DATE_EPOCH={shown(epoch)}: not a whole number of seconds since 1970 (the package's date)",
+            "set it as `date +%s` prints one (e.g. SOURCE_DATE_EPOCH=$(git log -1 --format=%ct)), or unset it",
+        )
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(epoch)))
 
 
 # The recorded deployment's fields (ProvenanceRecord.deployment), what each must hold, and how

@@ -274,6 +274,7 @@ def assemble(
 ) -> AssembleResult:
     started = time.perf_counter()
     out = Path(out)
+    package_date()  # a malformed SOURCE_DATE_EPOCH is refused before the parts are read
     with interruptible(out):
         checked = checked_parts([Path(d) for d in directories], workers, progress)
         parts = checked.parts

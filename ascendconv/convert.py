@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ascendconv.ascendv1 import DESCRIPTION_NAME
+from ascendconv.ascendv1 import DESCRIPTION_NAME, package_date
 from ascendconv.errors import BadOptionError, CopiedFileError, InputError, UnrecognizedCheckpointError, shown
 from ascendconv.io.files import file_size, is_text, mapped_reads_guarded
 from ascendconv.io.package import refuse_package_as_source
@@ -75,6 +75,7 @@ def plan_for(source: Source, options: ConvertOptions) -> Plan:
         overrides=options.overrides,
         max_shard_size=options.max_shard_size,
     )
+    package_date()  # a malformed SOURCE_DATE_EPOCH is refused now, not once the shards are written
     check_overrides(plan, options)
     check_deployment(source, plan)
     check_config_carried(source, plan)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import json
 import os
 import stat
 from pathlib import Path
@@ -109,3 +110,24 @@ def test_every_file_has_one_mode_whether_converted_linked_or_copied(tmp_path, mo
     assert result.linked == 0
     assert package_hashes(tmp_path / "copied") == reference
     assert {mode for name, (mode, _) in reference.items() if name != "."} == {"0o644"}
+
+
+@pytest.mark.parametrize("epoch", ["1764624600.5", "-1", "yesterday", "9" * 30, "\uff11\uff12\uff13"])
+def test_a_malformed_source_date_epoch_is_refused_before_anything_is_written(tmp_path, monkeypatch, epoch):
+    """SOURCE_DATE_EPOCH is what makes two runs byte-identical: a value that is not whole seconds was
+    taken as unset (the date of the run, other bytes at every run, not a word said), and one past
+    time_t ended the conversion, after every shard was written, in an OverflowError traceback."""
+    from typer.testing import CliRunner
+
+    from ascendconv.cli import app
+
+    runner = CliRunner()
+    assert runner.invoke(app, ["convert", str(FIXTURES / DENSE), str(tmp_path / "part"), "--part", "1/1", "--quiet"]).exit_code == 0
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", epoch)
+    for args in (["convert", FIXTURES / DENSE, tmp_path / "out"], ["convert", FIXTURES / DENSE, tmp_path / "out", "--dry-run"],
+                 ["assemble", tmp_path / "out", tmp_path / "part"]):
+        result = runner.invoke(app, [*map(str, args), "--json"])
+        assert result.exit_code == 2, result.output
+        error = json.loads(result.stdout)
+        assert error["error"] == "BadOptionError" and error["message"].startswith("SOURCE_DATE_EPOCH=")
+        assert not (tmp_path / "out").exists()
