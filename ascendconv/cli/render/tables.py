@@ -96,7 +96,7 @@ def elide_name(name: str, width: int) -> str:
     whole_from = len(tokens) - (1 if tokens[-2].isdigit() else 2)  # the last words stay whole
     state = ["keep"] * len(tokens)
 
-    def terminal_safe() -> str:
+    def shown() -> str:
         text = ""
         for token, how in zip(tokens, state):
             if how == "drop":
@@ -111,8 +111,8 @@ def elide_name(name: str, width: int) -> str:
     steps = [(i, "drop") for i in words if not tokens[i + 1].isdigit()] + [(i, "short") for i in words if tokens[i + 1].isdigit()]
     for i, how in steps:
         state[i] = how
-        if cell_len(terminal_safe()) <= width:
-            return terminal_safe()
+        if cell_len(shown()) <= width:
+            return shown()
     return elide_middle(name, width)
 
 
