@@ -39,6 +39,11 @@ for _console in (out, err):
 # C0 and C1 controls (ESC, a line break, a tab, BEL, a carriage return), DEL, the Unicode line and
 # paragraph separators and the bidirectional overrides and isolates
 _UNSHOWN = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_UNSHOWN_IN_LINES = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")  # all but "\n"
+
+
+def _escape(match: re.Match) -> str:
+    return repr(match[0])[1:-1]
 
 
 def terminal_safe(text: object) -> str:
@@ -48,7 +53,18 @@ def terminal_safe(text: object) -> str:
     terminal, set its title or hide a link, a carriage return would overwrite what was printed, a
     line break would split a table's row, and a bidi override would show it reversed. rich strips
     only BEL, BS, VT, FF and CR."""
-    return _UNSHOWN.sub(lambda m: repr(m[0])[1:-1], str(text))
+    return _UNSHOWN.sub(_escape, str(text))
+
+
+def terminal_safe_lines(text: str) -> str:
+    """terminal_safe of each line, the line breaks kept: for text whose lines are the printer's own
+    (a table cell of several lines), whose names were made terminal_safe where they were put in."""
+    return _UNSHOWN_IN_LINES.sub(_escape, text)
+
+
+def has_unshown(text: str) -> bool:
+    """Whether terminal_safe_lines would change `text`: one search, for a whole table at once."""
+    return _UNSHOWN_IN_LINES.search(text) is not None
 
 
 def notice(text: str) -> None:

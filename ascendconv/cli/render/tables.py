@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ascendconv.cli.console import terminal_safe
+from ascendconv.cli.console import has_unshown, terminal_safe, terminal_safe_lines
 
 _GAP = 2  # cells between two columns of a table
 MAX_LISTED = 10  # items a summary lists before '… and N more'
@@ -177,7 +177,10 @@ def print_table(
     rest keep their width. A table with `lead` columns that name its rows (one column per scheme
     after them) is printed in parts that each fit, every part repeating the lead columns: a number
     or a type is never cut. Elsewhere every cell is printed whole, on one line per cell line."""
-    rows = [["\n".join(terminal_safe(line) for line in cell.split("\n")) for cell in row] for row in rows]
+    # one search of the whole table first: nearly every table holds no control character, and a
+    # listing of 200,000 tensors would otherwise cost a second of escaping cell by cell
+    if has_unshown("\n".join("\n".join(row) for row in rows)):
+        rows = [[terminal_safe_lines(cell) for cell in row] for row in rows]
     widths = [
         max([cell_len(h)] + [cell_len(line) for row in rows for line in row[i].split("\n")])
         for i, h in enumerate(headers)
