@@ -343,14 +343,12 @@ def package_date(environ=None) -> str:
 
     environ = os.environ if environ is None else environ
     epoch = environ.get("SOURCE_DATE_EPOCH", "").strip()
-    if not epoch:
-        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(time.time())))
-    if not (epoch.isascii() and epoch.isdigit() and len(epoch) <= len(str(LAST_DATE_EPOCH)) and int(epoch) <= LAST_DATE_EPOCH):
+    if epoch and not (epoch.isascii() and epoch.isdigit() and len(epoch) <= len(str(LAST_DATE_EPOCH)) and int(epoch) <= LAST_DATE_EPOCH):
         raise BadOptionError(
             f"SOURCE_DATE_EPOCH={shown(epoch)}: not a whole number of seconds since 1970 (the package's date)",
             "set it as `date +%s` prints one (e.g. SOURCE_DATE_EPOCH=$(git log -1 --format=%ct)), or unset it",
         )
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(epoch)))
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(epoch) if epoch else int(time.time())))
 
 
 # The recorded deployment's fields (ProvenanceRecord.deployment), what each must hold, and how
