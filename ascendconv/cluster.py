@@ -22,7 +22,7 @@ from ascendconv.assemble import assemble_into, checked_parts
 from ascendconv.convert import ConvertOptions, ConvertResult, convert, plan_for, space_to_write
 from ascendconv.pipeline import Kernel, Progress
 from ascendconv.errors import AscendconvError, PartFailedError, RayCapacityError, RayMissingError, RayUnreachableError
-from ascendconv.io.outdir import StagedOutput, as_interrupt, check_output, interruptible, signals_kept
+from ascendconv.io.outdir import OutputLock, StagedOutput, as_interrupt, check_output, interruptible, signals_kept
 from ascendconv.io.output import check_free_space, check_output_path, output_errors
 from ascendconv.options import RayOptions
 from ascendconv.parts import check_part_count
@@ -135,6 +135,7 @@ def convert_on_ray(
         root = Path(source.root).absolute()
         check = lambda: check_output(out, root, options.overwrite, DESCRIPTION_NAME)  # noqa: E731
         check_output_path(out)
+        OutputLock(out).probe()  # before Ray is started: a busy OUT is refused at once, as convert's
         check()
         check_free_space(out, space_to_write(source, plan, list(range(len(plan.shards))), out, False))
     finally:

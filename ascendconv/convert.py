@@ -19,7 +19,7 @@ from ascendconv.ascendv1 import DESCRIPTION_NAME, package_date
 from ascendconv.errors import BadOptionError, CopiedFileError, InputError, UnrecognizedCheckpointError, shown
 from ascendconv.io.files import file_size, is_text, mapped_reads_guarded
 from ascendconv.io.package import refuse_package_as_source
-from ascendconv.io.outdir import STAGING_TAG, StagedOutput, check_output, interruptible, stale_siblings
+from ascendconv.io.outdir import STAGING_TAG, OutputLock, StagedOutput, check_output, interruptible, stale_siblings
 from ascendconv.io.output import check_free_space, check_output_path, output_errors, space_needed
 from ascendconv.options import KERNELS, ConvertOptions
 from ascendconv.package_files import copied_file_digests, provenance_record, write_package_files, write_plan_files
@@ -177,7 +177,10 @@ def convert(
             marker = PART_MANIFEST_NAME if options.part else DESCRIPTION_NAME
             check = lambda: check_output(out, source.root, options.overwrite, marker)  # noqa: E731
             check_output_path(out)  # first: names too long for the file system make stat() itself fail
-            check()  # before anything is created, a dry run's too (it says what the run would refuse); again under the lock
+            # before anything is read, created or compiled, a dry run's too (it says what the run would
+            # refuse): a busy OUT, then what is there; both are decided again under the lock
+            OutputLock(out).probe()
+            check()
             if dry_run:  # no kernel: importing (let alone compiling) one is most of a dry run's time
                 return ConvertResult(out, plan, options.kernel, time.perf_counter() - started, True, {}, 0, part=options.part)
             kernel = Kernel(options.kernel)

@@ -9,6 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from ascendconv.cli import app
@@ -52,6 +53,73 @@ def test_a_busy_output_names_the_run_that_holds_it(tmp_path):
     finally:
         holder.communicate("", timeout=30)
     assert runner.invoke(app, ["convert", str(DENSE), str(out), "--quiet"]).exit_code == 0
+
+
+def test_a_busy_output_is_refused_before_the_run_reads_or_compiles_anything(tmp_path, monkeypatch):
+    """A second run to a busy OUT planned, read every copied tensor for the provenance (GBs at full
+    scale: 7.6 s for a header-only DeepSeek-V3), prepared its kernel and checked the free space (a
+    NoSpaceError, exit 4, where OUT's disk could not hold a second package) before it met the lock.
+    A dry run, which says what the run would refuse, is refused the same."""
+    import json
+
+    import ascendconv.convert as convert_module
+
+    work: list[str] = []
+
+    def recorded(what):
+        def step(*args, **kwargs):
+            work.append(what)
+            raise AssertionError(f"{what} before the lock was probed")
+
+        return step
+
+    monkeypatch.setattr(convert_module, "provenance_record", recorded("provenance"))
+    monkeypatch.setattr(convert_module.Kernel, "prepare", recorded("kernel"))
+    monkeypatch.setattr(convert_module, "check_free_space", recorded("free space"))
+    out = tmp_path / "out"
+    holder = hold_lock(out)
+    try:
+        for dry_run in ([], ["--dry-run"]):
+            result = runner.invoke(app, ["convert", str(DENSE), str(out), "--json", *dry_run])
+            assert result.exit_code == 2, result.output
+            error = json.loads(result.stdout)
+            assert error["error"] == "OutputBusyError"
+            assert error["message"] == (
+                f"{out}: another ascendconv run (pid {holder.pid}) is writing this output "
+                f"(it holds {tmp_path / '.out.ascendconv-lock'})"
+            )
+            assert error["hint"] == "wait for it to finish, or choose another OUT"
+    finally:
+        holder.communicate("", timeout=30)
+    assert work == []
+    assert not out.exists()
+    result = runner.invoke(app, ["convert", str(DENSE), str(out), "--dry-run", "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # the probe created no lock file
+
+
+def test_a_busy_output_is_refused_before_ray_is_started(tmp_path, monkeypatch):
+    """convert --ray met the lock only once it had started (or joined) a Ray cluster."""
+    from types import SimpleNamespace
+
+    import ascendconv.cluster as cluster
+    from ascendconv.errors import OutputBusyError
+    from ascendconv.options import ConvertOptions, RayOptions
+
+    started = []
+    monkeypatch.setattr(cluster, "import_ray", lambda: SimpleNamespace(is_initialized=lambda: False, shutdown=lambda: None))
+    monkeypatch.setattr(cluster, "start_ray", lambda ray, options: started.append(options))
+    out = tmp_path / "out"
+    holder = hold_lock(out)
+    try:
+        with pytest.raises(OutputBusyError) as refused:
+            cluster.convert_on_ray(DENSE, out, ConvertOptions(), RayOptions())
+    finally:
+        holder.communicate("", timeout=30)
+    assert refused.value.message == (
+        f"{out}: another ascendconv run (pid {holder.pid}) is writing this output (it holds {tmp_path / '.out.ascendconv-lock'})"
+    )
+    assert started == [] and not out.exists()
 
 
 def replaced_package(tmp_path, monkeypatch) -> tuple[Path, list[bool]]:
@@ -127,7 +195,8 @@ def test_verify_of_a_package_replaced_while_it_reads_is_a_named_error(tmp_path, 
 def test_a_resume_run_meeting_another_runs_staging_as_it_publishes_is_told_busy(tmp_path, monkeypatch):
     """Before taking the lock, --resume sizes the kept work beside OUT; a live run's staging listed
     there and renamed into place (or its ledger's temporary file replaced) before it was read made
-    the run end in FileSystemError ('No such file or directory', exit 4), not the busy output it met."""
+    the run end in FileSystemError ('No such file or directory', exit 4), not the busy output it met.
+    (The run writing that staging took the lock after this run's early probe found it free.)"""
     import ascendconv.convert as convert_module
     from ascendconv.io.outdir import STAGING_TAG
 
@@ -135,21 +204,23 @@ def test_a_resume_run_meeting_another_runs_staging_as_it_publishes_is_told_busy(
     staging = tmp_path / f".out{STAGING_TAG}0123456789abcdef"
     staging.mkdir()
     (staging / "quant_model_weights-00001-of-00002.safetensors").write_bytes(b"x" * 1000)
-    holder = hold_lock(out)  # the run writing that staging
     siblings = convert_module.stale_siblings
+    holders = []
 
     def listed_then_published(path):
         found = siblings(path)
-        staging.rename(out)  # the other run publishes between the listing and the reads
+        holders.append(hold_lock(out))  # the run writing that staging
+        staging.rename(out)  # publishes between the listing and the reads
         return found
 
     monkeypatch.setattr(convert_module, "stale_siblings", listed_then_published)
     try:
         result = runner.invoke(app, ["convert", str(DENSE), str(out), "--quiet", "--resume"])
     finally:
-        holder.communicate("", timeout=30)
+        for holder in holders:
+            holder.communicate("", timeout=30)
     assert result.exit_code == 2, result.output
-    assert f"another ascendconv run (pid {holder.pid}) is writing this output" in result.stderr
+    assert f"another ascendconv run (pid {holders[0].pid}) is writing this output" in result.stderr
     assert sorted(p.name for p in out.iterdir()) == ["quant_model_weights-00001-of-00002.safetensors"]
 
 

@@ -205,7 +205,7 @@ def _make_parents(directory: Path) -> list[Path]:
 
 
 class OutputLock:
-    """An exclusive, non-blocking flock on `.NAME.ascendconv-lock` beside OUT."""
+    """An exclusive, non-blocking flock on `.NAME.ascendconv-lock` beside OUT (`probe` only looks)."""
 
     def __init__(self, out: Path):
         self.path = out.parent / f".{out.name}{LOCK_TAG}"
@@ -213,17 +213,13 @@ class OutputLock:
 
     def acquire(self) -> None:
         while True:
-            fd = self._open()
+            fd = self._open(os.O_RDWR | os.O_CREAT)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                holder = self._holder(fd)
+                busy = self._busy(fd)
                 os.close(fd)
-                raise OutputBusyError(
-                    f"{self.path.parent / self.path.name[1:-len(LOCK_TAG)]}: another ascendconv run{holder} is writing "
-                    f"this output (it holds {self.path})",
-                    "wait for it to finish, or choose another OUT",
-                ) from None
+                raise busy from None
             # A holder that finished between our open and our flock has unlinked the file we hold:
             # then the lock is on a dead inode, and we try again with the path's current file.
             try:
@@ -235,6 +231,29 @@ class OutputLock:
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()} {os.uname().nodename}\n".encode())
         self.fd = fd
+
+    def probe(self) -> None:
+        """OutputBusyError, as `acquire` would raise it, if a run holds the lock now; nothing is
+        created or written. Advisory, so that a run is refused before its work rather than after it:
+        the lock may be taken a moment later, and `acquire` decides. The shared lock held for that
+        moment conflicts with a holder's exclusive one, not with another run's probe."""
+        try:
+            fd = self._open(os.O_RDONLY)
+        except FileNotFoundError:  # no lock file (a holder's stays until it releases), or no parent yet
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise self._busy(fd) from None
+        finally:
+            os.close(fd)
+
+    def _busy(self, fd: int) -> OutputBusyError:
+        return OutputBusyError(
+            f"{self.path.parent / self.path.name[1:-len(LOCK_TAG)]}: another ascendconv run{self._holder(fd)} is "
+            f"writing this output (it holds {self.path})",
+            "wait for it to finish, or choose another OUT",
+        )
 
     @staticmethod
     def _holder(fd: int) -> str:
@@ -249,14 +268,13 @@ class OutputLock:
         pid, host = words
         return f" (pid {pid}" + ("" if host == os.uname().nodename else f" on {shown(host)}") + ")"
 
-    def _open(self) -> int:
+    def _open(self, flags: int) -> int:
         """The lock file, opened without following a symlink and refused unless it is a regular file
         of ours alone: OUT's parent may be shared (/tmp, /models), and whoever can write there could
         otherwise point the lock's name at any file, which the truncate and write below would clobber.
         O_NONBLOCK keeps a FIFO planted under the name from blocking the open."""
-        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
         try:
-            fd = os.open(self.path, flags, 0o644)
+            fd = os.open(self.path, flags | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 self._refuse(f"a symbolic link (to {os.readlink(self.path)})")
@@ -266,6 +284,8 @@ class OutputLock:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
             os.close(fd)
+            if stat.S_ISDIR(st.st_mode):  # read-only (a probe), a directory opens without EISDIR
+                self._refuse("a directory")
             self._refuse("not a regular file" if not stat.S_ISREG(st.st_mode) else f"a file with {st.st_nlink} hard links")
         return fd
 
