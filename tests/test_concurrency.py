@@ -161,6 +161,52 @@ def test_overwrite_renames_twice_where_the_system_cannot_exchange(tmp_path, monk
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
+def test_overwrite_checks_the_package_a_run_swapped_in_while_it_was_listing_the_old_one(tmp_path, monkeypatch):
+    """A run publishing at OUT (--overwrite's exchange) between another --overwrite run's listing of
+    OUT and its look at each listed file made that run refuse a sound package as no package
+    (UnsafeOutputError, exit 2, hinting to remove it): the old package's shards were not in the new one."""
+    from ascendconv.convert import ConvertOptions, convert
+    from ascendconv.io.outdir import exchanged
+
+    out = tmp_path / "out"
+    convert(DENSE, out, ConvertOptions(scheme="w4a8-mxfp", max_shard_size=100_000))  # several shards
+    published = tmp_path / "other-run"  # the other run's finished staging: one shard of another name
+    convert(DENSE, published, ConvertOptions())
+    new_files = sorted(p.name for p in published.iterdir())
+    assert not set(new_files) >= {p.name for p in out.iterdir()}
+    is_file = Path.is_file
+    swaps = []
+
+    def swapped_after_the_listing(self):
+        if self.parent == out and not swaps:
+            swaps.append(exchanged(published, out))
+        return is_file(self)
+
+    monkeypatch.setattr(Path, "is_file", swapped_after_the_listing)
+    result = runner.invoke(app, ["convert", str(DENSE), str(out), "--overwrite", "--dry-run", "--json"])
+    assert swaps == [True]
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in out.iterdir()) == new_files  # what the run checked, and would replace
+
+
+def test_overwrite_checks_what_is_at_out_after_a_run_renamed_the_old_package_away(tmp_path, monkeypatch):
+    """Where the system cannot exchange, a run publishes in two renames: OUT moved away between
+    another run's look at it and its next made that run refuse it as 'exists and is not a directory'."""
+    out = tmp_path / "out"
+    assert runner.invoke(app, ["convert", str(DENSE), str(out), "--quiet"]).exit_code == 0
+    is_dir = Path.is_dir
+    moved = []
+
+    def renamed_away_after_it_was_found(self):
+        if self == out and not moved:
+            moved.append(out.rename(tmp_path / ".out.ascendconv-old-0123"))  # the other run's first rename
+        return is_dir(self)
+
+    monkeypatch.setattr(Path, "is_dir", renamed_away_after_it_was_found)
+    result = runner.invoke(app, ["convert", str(DENSE), str(out), "--overwrite", "--dry-run", "--json"])
+    assert moved and result.exit_code == 0, result.output
+
+
 def test_verify_of_a_package_replaced_while_it_reads_is_a_named_error(tmp_path, monkeypatch):
     """verify reads OUT's files one after another; a run publishing another package there meanwhile
     (--overwrite) made it compare the old provenance with the new files: failed checks that blamed

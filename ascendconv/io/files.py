@@ -70,6 +70,16 @@ def is_regular(path: Path) -> bool:
         return False
 
 
+def identity(path: Path, follow: bool = True) -> tuple[int, int] | None:
+    """(device, inode) of what `path` names now, or None where there is nothing to stat: the same
+    answer before and after a reading says that it read one file or directory throughout."""
+    try:
+        st = os.stat(path, follow_symlinks=follow)
+    except (OSError, ValueError):
+        return None
+    return st.st_dev, st.st_ino
+
+
 def file_size(path: Path) -> int:
     """Size of a regular file; 0 for anything else (a FIFO, a device, a dangling symlink)."""
     try:

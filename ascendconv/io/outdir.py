@@ -38,7 +38,7 @@ from ascendconv.errors import (
     UnsafeOutputError,
     shown,
 )
-from ascendconv.io.files import is_within
+from ascendconv.io.files import identity, is_within
 
 STAGING_TAG = ".ascendconv-staging-"
 OLD_TAG = ".ascendconv-old-"
@@ -70,6 +70,24 @@ def check_output(out: Path, source_root: Path, overwrite: bool, marker: str, sou
     if is_within(real_out, real_src):
         raise UnsafeOutputError(f"{shown}: the output directory lies inside the {source} {source_root}",
                                  f"choose a new or empty directory outside the {source}")
+    # What is at OUT is checked as one directory: a run publishing there meanwhile (--overwrite swaps
+    # its package in) made the steps below read the old package and the new one by turns, and refuse
+    # a sound package as none (a file listed in the old one missing from the new), so a step whose
+    # OUT was replaced under it is checked again against what is there now.
+    while True:
+        was = identity(out, follow=False)
+        try:
+            _check_present(out, overwrite, marker)
+        except (AscendconvError, OSError):
+            if identity(out, follow=False) != was:
+                continue
+            raise
+        if identity(out, follow=False) == was:
+            return
+
+
+def _check_present(out: Path, overwrite: bool, marker: str) -> None:
+    """check_output's refusals of what is at OUT, one after another."""
     if out.is_symlink():
         raise UnsafeOutputError(f"{out}: is a symbolic link to {os.readlink(out)}", "pass the real path as OUT")
     if not out.exists():
