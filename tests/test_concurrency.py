@@ -4,6 +4,7 @@ the rename) instead of being left to timing."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -60,8 +61,6 @@ def test_a_busy_output_is_refused_before_the_run_reads_or_compiles_anything(tmp_
     scale: 7.6 s for a header-only DeepSeek-V3), prepared its kernel and checked the free space (a
     NoSpaceError, exit 4, where OUT's disk could not hold a second package) before it met the lock.
     A dry run, which says what the run would refuse, is refused the same."""
-    import json
-
     import ascendconv.convert as convert_module
 
     work: list[str] = []
@@ -207,12 +206,22 @@ def test_overwrite_checks_what_is_at_out_after_a_run_renamed_the_old_package_awa
     assert moved and result.exit_code == 0, result.output
 
 
+def assert_replaced(result, out: Path, doing: str) -> None:
+    """The error of a command that read OUT while a run published another package there."""
+    assert result.exit_code == 3, result.output
+    error = json.loads(result.stdout)
+    assert error["error"] == "PackageReplacedError"
+    assert error["message"] == (
+        f"{out}: was replaced while it was being {doing} (a run published a package there); the files read may "
+        "come from the old package and the new one, so nothing is reported of either"
+    )
+    assert error["hint"] == "run the command again once the run writing that output has finished"
+
+
 def test_verify_of_a_package_replaced_while_it_reads_is_a_named_error(tmp_path, monkeypatch):
     """verify reads OUT's files one after another; a run publishing another package there meanwhile
     (--overwrite) made it compare the old provenance with the new files: failed checks that blamed
     the package ('copies', 'checksums'), or, for files alike, a pass of a mix of two packages."""
-    import json
-
     import ascendconv.verify as verify_module
     from ascendconv.convert import ConvertOptions, convert
 
@@ -226,16 +235,34 @@ def test_verify_of_a_package_replaced_while_it_reads_is_a_named_error(tmp_path, 
         return found
 
     monkeypatch.setattr(verify_module, "_scan", another_run_publishes)
-    result = runner.invoke(app, ["verify", str(out), "--json"])
-    assert result.exit_code == 3, result.output
-    error = json.loads(result.stdout)
-    assert error["error"] == "PackageReplacedError"
-    assert error["message"] == (
-        f"{out}: was replaced while it was being verified (a run published a package there); the files read may "
-        "come from the old package and the new one, so nothing is reported of either"
-    )
+    assert_replaced(runner.invoke(app, ["verify", str(out), "--json"]), out, "verified")
     monkeypatch.setattr(verify_module, "_scan", scan)
     assert runner.invoke(app, ["verify", str(out), "--quiet"]).exit_code == 0  # the new package, read alone
+
+
+def test_inspect_of_a_package_replaced_while_it_reads_is_a_named_error(tmp_path, monkeypatch):
+    """inspect reads the description, then each shard's header; a run publishing another package at
+    OUT between the two (--overwrite) made it report every shard of a sound package unreadable ('No
+    such file or directory'), exit 0, as if the package were broken."""
+    import ascendconv.io.package as package_module
+    from ascendconv.convert import ConvertOptions, convert
+
+    out = tmp_path / "out"
+    convert(DENSE, out, ConvertOptions(scheme="w4a8-mxfp", max_shard_size=100_000))  # several shards
+    read_header = package_module.read_header
+    published = []
+
+    def another_run_publishes(path):  # after the description and index, before the shards
+        if path.parent == out and not published:
+            published.append(convert(DENSE, out, ConvertOptions(overwrite=True)))  # one shard of another name
+        return read_header(path)
+
+    monkeypatch.setattr(package_module, "read_header", another_run_publishes)
+    assert_replaced(runner.invoke(app, ["inspect", str(out), "--json"]), out, "inspected")
+    assert published
+    monkeypatch.setattr(package_module, "read_header", read_header)
+    result = runner.invoke(app, ["inspect", str(out), "--json"])  # the new package, read alone
+    assert result.exit_code == 0 and json.loads(result.stdout)["problems"] == []
 
 
 def test_a_resume_run_meeting_another_runs_staging_as_it_publishes_is_told_busy(tmp_path, monkeypatch):

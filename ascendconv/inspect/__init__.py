@@ -33,7 +33,7 @@ from ascendconv.inspect.report import (
 )
 from ascendconv.inspect.source import inspect_source
 from ascendconv.io.hfcache import cached_repo, local_directory, resolve_source
-from ascendconv.io.package import is_package, refuse_part_directory
+from ascendconv.io.package import is_package, refuse_part_directory, unreplaced
 from ascendconv.sources.checkpoint import find_quantization_config, load_config
 from ascendconv.decide import Deployment
 
@@ -60,7 +60,8 @@ def inspect_path(
 def _inspect_directory(root: Path, tensors: str | None, deployment: Deployment | None) -> InspectReport:
     refuse_part_directory(root, "a package or a checkpoint")
     if is_package(root):
-        return inspect_package(root, tensors)
+        with unreplaced(root, "inspected"):  # description and shards of one package, never of two
+            return inspect_package(root, tensors)
     if any(root.glob("quant_model_weights*.safetensors")):
         raise PackageError(
             f"{root}: holds quant_model_weights*.safetensors but no {DESCRIPTION_NAME}",

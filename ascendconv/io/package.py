@@ -7,14 +7,17 @@ package at all (no readable description) raises.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import Iterator
 
 from ascendconv.errors import (
-    HeaderError, NotFoundError, PackageAsSourceError, PackageError, PartDirectoryError, plural, shown,
+    AscendconvError, HeaderError, NotFoundError, PackageAsSourceError, PackageError, PackageReplacedError,
+    PartDirectoryError, plural, shown,
 )
-from ascendconv.io.files import file_size, read_json_object
+from ascendconv.io.files import file_size, identity, read_json_object
 from ascendconv.formats.constants import FLOAT
 from ascendconv.io.safetensors import SafetensorsHeader, TensorEntry, read_header
 from ascendconv.sources.base import NATIVE_TYPES
@@ -34,6 +37,30 @@ from ascendconv.ascendv1 import (
 
 def is_package(path: Path) -> bool:
     return (path / DESCRIPTION_NAME).is_file()
+
+
+@contextlib.contextmanager
+def unreplaced(root: Path, doing: str) -> Iterator[None]:
+    """PackageReplacedError if, when the block inside ends or fails, `root` is no longer the
+    directory it was on entry: a run published another package there meanwhile (--overwrite), and
+    the files read may come from both, so neither what was read of that mix nor its failure may be
+    reported. `doing` says what the block did to it ('verified')."""
+    was = identity(root)
+    try:
+        yield
+    except (AscendconvError, OSError) as exc:
+        _still_there(root, was, doing, exc)
+        raise
+    _still_there(root, was, doing)
+
+
+def _still_there(root: Path, was: tuple[int, int] | None, doing: str, failure: BaseException | None = None) -> None:
+    if identity(root) == was:
+        return
+    raise PackageReplacedError(
+        f"{root}: was replaced while it was being {doing} (a run published a package there); the files read "
+        "may come from the old package and the new one, so nothing is reported of either"
+    ) from failure
 
 
 def _load_json(path: Path) -> dict:

@@ -37,9 +37,9 @@ from pathlib import Path
 
 from ascendconv.ascendv1 import RECORDED, UNREADABLE, Provenance
 from ascendconv.decide import Deployment
-from ascendconv.errors import AscendconvError, InputError, PackageReplacedError
+from ascendconv.errors import InputError
 from ascendconv.io.hfcache import local_directory
-from ascendconv.io.package import Package, refuse_package_as_source, refuse_part_directory
+from ascendconv.io.package import Package, refuse_package_as_source, refuse_part_directory, unreplaced
 from ascendconv.verify.checks import CHECKS
 from ascendconv.verify.integrity import (
     _scan,
@@ -98,35 +98,8 @@ def verify(
     options = options or VerifyOptions()
     options.validate()
     root = local_directory(package, "verify")
-    was = _directory(root)
-    with mapped_reads_guarded():
-        try:
-            report = _verify(root, options, progress, notice)
-        except (AscendconvError, OSError) as exc:
-            _still_there(root, was, exc)
-            raise
-    _still_there(root, was)
-    return report
-
-
-def _directory(root: Path) -> tuple[int, int] | None:
-    try:
-        st = os.stat(root)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
-
-
-def _still_there(root: Path, was: tuple[int, int] | None, failure: BaseException | None = None) -> None:
-    """PackageReplacedError if `root` is no longer the directory verify began with: a run published
-    another package there meanwhile (--overwrite), and the files read may come from both, so neither
-    a pass nor the failed checks of that mix may be reported."""
-    if _directory(root) == was:
-        return
-    raise PackageReplacedError(
-        f"{root}: was replaced while it was being verified (a run published a package there); the files read "
-        "may come from the old package and the new one, so nothing is reported of either"
-    ) from failure
+    with unreplaced(root, "verified"), mapped_reads_guarded():  # neither a pass nor failed checks of a mix
+        return _verify(root, options, progress, notice)
 
 
 def _deployment(options: VerifyOptions, record: Provenance) -> tuple[VerifyOptions, dict]:
