@@ -30,7 +30,7 @@ from ascendconv.errors import (
     ShardChecksumError,
 )
 from ascendconv.io.hfcache import local_directory
-from ascendconv.io.outdir import StagedOutput, check_output, interruptible
+from ascendconv.io.outdir import OutputLock, StagedOutput, check_output, interruptible
 from ascendconv.io.output import check_free_space, check_output_path, existing_ancestor, output_errors, space_needed
 from ascendconv.io.checksum import CHECKSUM, hashed_file
 from ascendconv.io.files import COPY_CHUNK, copy_regular, create_new, file_size, is_text, is_within, open_regular, read_json_object
@@ -276,6 +276,9 @@ def assemble(
     out = Path(out)
     package_date()  # a malformed SOURCE_DATE_EPOCH is refused before the parts are read
     with interruptible(out):
+        # before every part's shards are hashed: a busy OUT is refused at once, as convert's is
+        check_output_path(out)
+        OutputLock(out).probe()
         checked = checked_parts([Path(d) for d in directories], workers, progress)
         parts = checked.parts
 
@@ -286,7 +289,6 @@ def assemble(
             for part in sorted(parts, key=lambda part: not _nested(real_out, Path(os.path.realpath(part.directory)))):
                 check_output(out, part.directory, overwrite, DESCRIPTION_NAME, "part")
 
-        check_output_path(out)
         check()
         check_free_space(out, space_to_assemble(out, parts))
         with output_errors(out, shard_size_option=False), StagedOutput(out, check) as staged:

@@ -121,6 +121,27 @@ def test_a_busy_output_is_refused_before_ray_is_started(tmp_path, monkeypatch):
     assert started == [] and not out.exists()
 
 
+def test_a_busy_output_is_refused_before_assemble_hashes_the_parts(tmp_path, monkeypatch):
+    """assemble re-hashed every part's shards (a whole model's bytes) before it met OUT's lock."""
+    import ascendconv.assemble as assemble_module
+
+    hashed = []
+    monkeypatch.setattr(assemble_module, "checked_parts", lambda *args, **kwargs: hashed.append(args))
+    out = tmp_path / "out"
+    holder = hold_lock(out)
+    try:
+        result = runner.invoke(app, ["assemble", str(out), str(tmp_path / "p1"), str(tmp_path / "p2"), "--json"])
+    finally:
+        holder.communicate("", timeout=30)
+    assert result.exit_code == 2, result.output
+    error = json.loads(result.stdout)
+    assert error["error"] == "OutputBusyError"
+    assert error["message"] == (
+        f"{out}: another ascendconv run (pid {holder.pid}) is writing this output (it holds {tmp_path / '.out.ascendconv-lock'})"
+    )
+    assert hashed == [] and not out.exists()
+
+
 def replaced_package(tmp_path, monkeypatch) -> tuple[Path, list[bool]]:
     """An --overwrite run over a package, with OUT looked at after every rename the run makes (as a
     reader of OUT would find it at that moment): [True, ...] where a package was there."""
