@@ -8,14 +8,23 @@ from __future__ import annotations
 import re
 
 _SPECIAL = re.compile(r"([\\`*_\[\]|~])")  # what can start markup inside a line or a table cell
+# GFM's autolinks (extension) link a 'www.' and a 'scheme://' as they read the line's source, so a
+# backslash before the '.' or the ':' (dropped when rendered) leaves them text; an email address they
+# find in the text as rendered, after its escapes, so only a code span keeps one from being a link.
+_WWW_DOT = re.compile(r"(?i)(?<=www)\.")
+_EMAIL = re.compile(r"([A-Za-z0-9.+_-]+@[A-Za-z0-9._-]+)")  # GFM's characters of an address, either side of '@'
 
 
 def text(value: object) -> str:
     """Text as Markdown text, in a line or a table cell: one line, markup characters escaped, HTML
-    as entities."""
-    flat = " ".join(str(value).split())
+    as entities, no autolink (a 'www.', a 'scheme://' or an email address stays text)."""
+    parts = _EMAIL.split(" ".join(str(value).split()))
+    return "".join(code(part) if i % 2 else _escaped(part) for i, part in enumerate(parts))
+
+
+def _escaped(flat: str) -> str:
     flat = flat.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    return _SPECIAL.sub(r"\\\1", flat)
+    return _WWW_DOT.sub(r"\\.", _SPECIAL.sub(r"\\\1", flat)).replace("://", "\\://")
 
 
 def code(value: object) -> str:

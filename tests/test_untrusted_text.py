@@ -6,6 +6,7 @@ literal text node, code span or value."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 from markdown_it import MarkdownIt
 
 from ascendconv.convert import ConvertOptions, convert
-from ascendconv.decide import module_pattern
+from ascendconv.decide import Override, module_pattern
 from conftest import FIXTURES
 from test_source_formats import respell
 
@@ -71,6 +72,78 @@ def test_the_model_card_shows_hostile_names_as_literal_code(hostile_package):
     ]
     assert all(b.content.endswith("# not a heading [link](javascript:alert(1))'\n") or "OUT --scheme" in b.content for b in blocks[1:])
     assert not [t for t in tokens if t.type == "heading_open" and t.tag == "h1"][1:]  # one title: no heading smuggled in
+
+
+# A module name and a directory name (which holds no '/') that GFM's autolinks (extension) would make
+# links of though every markup character in them is escaped: 'www.' after a space or '(', a scheme
+# with '://', an email address
+LINKS = "x (www.evil.example) http://evil.example/p a@evil.example y"
+LINKS_DIR = "www.evil.example (b@evil.example) http:x"
+EMAIL = re.compile(r"[A-Za-z0-9.+_-]+@[A-Za-z0-9._-]+")
+
+
+@pytest.fixture(scope="module")
+def linked_package(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("links")
+
+    def tensor(name, entry):
+        return {name.replace("layers.1.self_attn.", f"layers.1.self_attn.{LINKS}."): entry}
+
+    source = respell(FIXTURES / "qwen3-dense-fp8", root / LINKS_DIR, tensor, lambda c: c)
+    # k_proj and v_proj fall back to FLOAT with q_proj: their reason, prose, names the q_proj
+    convert(source, root / "out", ConvertOptions(overrides=[Override("*q_proj", "FLOAT")]))
+    return root / "out"
+
+
+def assert_no_autolink(document: str) -> None:
+    """No inline of `document` holds what GFM links. The venv has no GFM renderer (markdown-it-py
+    links only with linkify-it-py), so this reads the source as GFM's autolinks extension does
+    (cmark-gfm's extensions/autolink.c): a 'www.' and an 'http://' ('https://', 'ftp://') it matches
+    in the line as written, outside code spans, where '\\.' and '\\:' (rendered '.' and ':') break
+    them; an email address it matches in the text after the escapes are resolved, so that may hold
+    none."""
+    inlines = [t for t in markdown_tokens(document) if t.type == "inline"]
+    assert inlines
+    for inline in inlines:
+        written = re.sub(r"(`+).*?\1", "", inline.content)  # the source, its code spans left out
+        written = re.sub(r"\\[!-/:-@[-`{-~]", "\x00", written)  # an escape is not the character it shows
+        assert "www." not in written.lower() and "://" not in written, inline.content
+        assert not [c.content for c in inline.children if c.type == "text" and EMAIL.search(c.content)], inline.content
+
+
+def shown(inline) -> str:
+    return "".join(c.content for c in inline.children)
+
+
+def test_no_name_in_the_model_card_or_the_markdown_report_is_a_link(linked_package, tmp_path):
+    from typer.testing import CliRunner
+
+    from ascendconv.cli import app
+
+    card = own_part((linked_package / "README.md").read_text())
+    assert_no_autolink(card)
+    lines = card.splitlines()
+    assert "# www\\.evil.example (`b@evil.example`) http:x, AscendV1 W8A8_MXFP8" in lines
+    reason = ("packed with model.layers.\\*.self\\_attn.x (www\\.evil.example) http\\://evil.example/p `a@evil.example` "
+              "y.q\\_proj was requested as FLOAT (--override \\*q\\_proj=FLOAT)")
+    assert len([line for line in lines if line.endswith(f" | W8A8_MXFP8 | FLOAT | {reason} |")]) == 2  # k_proj, v_proj
+    # rendered, each shows as it was written: the escapes are dropped, an address is code
+    tokens = markdown_tokens(card)
+    title = next(tokens[i + 1] for i, t in enumerate(tokens) if t.type == "heading_open")
+    assert shown(title) == f"{LINKS_DIR}, AscendV1 W8A8_MXFP8"
+    cells = [t for t in tokens if t.type == "inline" and t.content == reason]
+    assert len(cells) == 2 and shown(cells[0]) == (
+        f"packed with model.layers.*.self_attn.{LINKS}.q_proj was requested as FLOAT (--override *q_proj=FLOAT)")
+    # verify's Markdown report shows the source's name so too; its HTML report is HTML-escaped text,
+    # which no browser makes a link of, and holds no link of its own
+    result = CliRunner().invoke(app, ["verify", str(linked_package), "--report", str(tmp_path / "r.md"),
+                                      "--report", str(tmp_path / "r.html")])
+    assert result.exit_code == 0, result.output
+    report = (tmp_path / "r.md").read_text()
+    assert_no_autolink(report)
+    assert "| source | www\\.evil.example (`b@evil.example`) http:x |" in report.splitlines()
+    page = (tmp_path / "r.html").read_text()
+    assert f"{LINKS_DIR}</td>" in page and not re.search(r"<a\b|href=", page)
 
 
 def front_matter(card: str) -> dict:
