@@ -190,6 +190,38 @@ def test_terminal_strip_has_a_mark_per_layer_per_kind(measured):
         assert set(marks) <= set("▁▂▃▄▅▆▇█ =!")
 
 
+def test_terminal_strip_says_in_words_what_is_outside_the_layers(tmp_path):
+    """A kind in no layer (here layer 1's MLP moved to a vision merger) had a line of blank marks
+    and no figure; a kind also outside the layers left those weights out of its line."""
+    from rich.console import Console
+
+    from ascendconv.cli.render.verify import layer_strip
+    from test_source_formats import respell
+
+    src = respell(FIXTURES / "qwen3-dense-fp8", tmp_path / "src",
+                  lambda name, entry: {name.replace("model.layers.1.mlp.", "model.visual.merger."): entry}, lambda c: c)
+    convert(src, tmp_path / "out", ConvertOptions())
+    lines = runner.invoke(app, ["verify", str(tmp_path / "out"), "--source", str(src)], env={"COLUMNS": "120"}).stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("worst SQNR per layer, 0 to 1 left to right"))
+    merger = [line for line in lines[start + 1 : start + 11] if line.startswith("model.visual.merger.")]
+    assert [re.sub(r"\d+\.\d dB", "N dB", line) for line in merger] == [
+        f"{'model.visual.merger.' + proj:<29}  outside the layers: N dB" for proj in ("down_proj", "gate_proj", "up_proj")]
+    assert next(line for line in lines[start + 1 :] if line.startswith("mlp.down_proj ")).endswith(" dB (layer 0)")
+
+    tensor = {"type": "W8A8_MXFP8", "rel_err": 0.1, "max_abs": 0.1, "saturated": 0.0, "min_sqnr_db": 20.0}
+    data = {"tensors": [
+        {**tensor, "name": "model.layers.0.mlp.down_proj.weight", "sqnr_db": 30.0, "ok": True},
+        {**tensor, "name": "mlp.down_proj.weight", "sqnr_db": 8.0, "ok": False},  # the kind also outside the layers
+        {**tensor, "name": "mtp.0.attn.wq_b.weight", "sqnr_db": None, "ok": True, "type": "FLOAT"},
+    ]}
+    console = Console(file=io.StringIO(), width=120)
+    layer_strip(data, console)
+    assert console.file.getvalue().splitlines()[2:] == [
+        "mlp.down_proj    ▆  30.0 dB (layer 0); outside the layers: 8.0 dB, 1 of 1 failed",
+        "mtp.*.attn.wq_b  outside the layers: exact",
+    ]
+
+
 # --- a real browser ----------------------------------------------------------------------------
 
 CHROMIUM = browser()

@@ -103,7 +103,9 @@ def deployment_line(deployment: dict | None) -> str | None:
 
 def layer_strip(data: dict, out: Console) -> None:
     """The heat map of the HTML report in one line per module kind: a character per layer, its
-    height the worst SQNR of that layer's weights of the kind, '!' where one is below its threshold."""
+    height the worst SQNR of that layer's weights of the kind, '!' where one is below its threshold.
+    Weights outside the layers (an MTP module under 'mtp.0.', a vision merger) are in words at the
+    end of their kind's line, which has no character when the kind is in no layer."""
     import math
 
     from ascendconv.cli.render.report_data import OUTSIDE, layer_grid
@@ -135,5 +137,12 @@ def layer_strip(data: dict, out: Console) -> None:
                 share = (min(max(cell.worst_db, STRIP_LOW_DB), STRIP_HIGH_DB) - STRIP_LOW_DB) / (STRIP_HIGH_DB - STRIP_LOW_DB)
                 marks.append(BLOCKS[min(len(BLOCKS) - 1, int(share * len(BLOCKS)))])
         label = elide_name(labels[kind], label_width) if out.is_terminal else labels[kind]
-        low = "" if worst is None else ("  exact" if not math.isfinite(worst[0]) else f"  {worst[0]:.1f} dB (layer {terminal_safe(worst[1])})")
-        out.print(f"{label:<{label_width}}  {''.join(marks)}{low}", markup=False, highlight=False)
+        words = []
+        if worst is not None:
+            words.append("exact" if not math.isfinite(worst[0]) else f"{worst[0]:.1f} dB (layer {terminal_safe(worst[1])})")
+        outside = grid.cells.get((OUTSIDE, kind))
+        if outside is not None:
+            failed = f", {outside.failed} of {outside.tensors} failed" if outside.failed else ""
+            words.append(f"{OUTSIDE}: " + ("exact" if not math.isfinite(outside.worst_db) else f"{outside.worst_db:.1f} dB") + failed)
+        strip = "" if worst is None else "".join(marks) + "  "
+        out.print(f"{label:<{label_width}}  {strip}{'; '.join(words)}", markup=False, highlight=False)
