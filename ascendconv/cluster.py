@@ -21,7 +21,7 @@ from pathlib import Path
 from ascendconv.assemble import assemble_into, checked_parts
 from ascendconv.convert import ConvertOptions, ConvertResult, convert, plan_for, space_to_write
 from ascendconv.pipeline import Kernel, Progress
-from ascendconv.errors import AscendconvError, PartFailedError, RayCapacityError, RayMissingError, RayUnreachableError
+from ascendconv.errors import AscendconvError, PartFailedError, RayCapacityError, RayMissingError, RayUnreachableError, plural
 from ascendconv.io.outdir import OutputLock, StagedOutput, as_interrupt, check_output, interruptible, signals_kept
 from ascendconv.io.output import check_free_space, check_output_path, output_errors
 from ascendconv.options import RayOptions
@@ -204,12 +204,13 @@ def run_parts(
 
 
 def _result_of(ray, ref, number: int, count: int, retries: int) -> list[str]:
+    failed = f"part {number}/{count} failed {plural(retries + 1, 'time')}"
     try:
         return ray.get(ref)
     except ray.exceptions.RayTaskError as exc:
         cause = getattr(exc, "cause", None)
         if isinstance(cause, AscendconvError):
             raise cause from None
-        raise PartFailedError(f"part {number}/{count} failed {retries + 1} times; last: {cause or exc}") from None
+        raise PartFailedError(f"{failed}; last: {cause or exc}") from None
     except ray.exceptions.RayError as exc:
-        raise PartFailedError(f"part {number}/{count} failed {retries + 1} times; last: {exc}") from None
+        raise PartFailedError(f"{failed}; last: {exc}") from None

@@ -28,9 +28,10 @@ def clip(text: str, limit: int = MAX_SHOWN_CHARS) -> str:
     return f"{text[:half]}…{text[-half:]} ({len(text)} chars)"
 
 
-def plural(n: int, word: str) -> str:
-    """`n` and `word`, in the plural unless `n` is 1: '1 module', '2 modules'."""
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """`n` and `word`, in the plural (`words`, else `word` + 's') unless `n` is 1: '1 module',
+    '2 modules'; '1 entry', '2 entries'."""
+    return f"{n} {word}" if n == 1 else f"{n} {words or word + 's'}"
 
 
 def shown(value: object) -> str:

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
-from ascendconv.errors import ConfigError, shown
+from ascendconv.errors import ConfigError, plural, shown
 from ascendconv.families import (
     EMBEDDING_NAMES,
     EMBEDDING_REASON,
@@ -61,7 +61,8 @@ def heads_problem(config: dict, tp: int) -> tuple[str, str] | None:
     heads = config_value(config, "num_attention_heads")
     counted = type(heads) is int and heads > 0
     if counted and heads % tp:
-        return (f"config.json: {heads} attention heads do not divide over {tp} ranks, and vLLM refuses such a deployment",
+        return (f"config.json: {plural(heads, 'attention head')} {'does' if heads == 1 else 'do'} not divide over {tp} ranks, "
+                "and vLLM refuses such a deployment",
                 "choose a --tp that divides the number of attention heads")
     if heads is not None and tp > 1 and not counted:  # absent: nothing to hold it to
         return (f"config.json: num_attention_heads is {shown(heads)}, not a count of heads: vLLM cannot split the model over {tp} ranks",

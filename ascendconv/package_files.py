@@ -349,7 +349,7 @@ def model_card(plan: Plan, provenance: ProvenanceRecord, original: str | None) -
         for (pattern, requested, written, reason), n in list(merged.items())[:CARD_FALLBACKS_LISTED]:
             lines.append(f"| {md.code(pattern)} | {n} | {requested} | {written} | {md.text(reason)} |")
         if len(merged) > CARD_FALLBACKS_LISTED:
-            lines.append(f"\n… and {len(merged) - CARD_FALLBACKS_LISTED} more kinds: every fallback is in `{PROVENANCE_NAME}`.")
+            lines.append(f"\n… and {plural(len(merged) - CARD_FALLBACKS_LISTED, 'more kind')}: every fallback is in `{PROVENANCE_NAME}`.")
     else:
         lines.append("None: every quantizable linear is written in the type the scheme asks for.")
     lines += ["", "## Reproduce", "", *md.code_block(provenance.command), ""]

@@ -186,7 +186,7 @@ class Plan:
             warnings.append(self.rules.undeclared_mtp_warning)
         mtp = self.quantized_mtp_modules()
         if mtp:
-            warnings.append(f"{mtp} MTP modules quantized by --override: vllm-ascend expects the MTP layer FLOAT")
+            warnings.append(f"{plural(mtp, 'MTP module')} quantized by --override: vllm-ascend expects the MTP layer FLOAT")
         if self.unmatched_overrides:  # allowed by --allow-unmatched-override, or convert would refuse
             warnings.append(f"--override {', '.join(self.unmatched_overrides)}: matches no linear of the source")
         for head in self.heads_left_out:
@@ -236,7 +236,7 @@ class Plan:
             before = self.bytes_out - extra
             warnings.append(
                 f"--tp {self.deployment.tp} splits the routed experts' K below what {requested} accepts: {count} expert "
-                f"linears in {len(layers[(requested, written)])} MoE layers are written {written}, and the package "
+                f"linears in {plural(len(layers[(requested, written)]), 'MoE layer')} are written {written}, and the package "
                 f"grows by {extra / 1e9:.1f} GB ({before / 1e9:.1f} GB -> {self.bytes_out / 1e9:.1f} GB, "
                 f"{self.bytes_out / before:.2f}x); with --ep vLLM places experts whole and they stay {requested}"
             )

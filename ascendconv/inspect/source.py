@@ -166,7 +166,7 @@ def runtime_notes(plan: Plan, shared: dict[str, str] | None = None) -> list[str]
         if qkv_a and off:
             kinds = "/".join(sorted({t for t in qkv_a if t != W8A8_MXFP8}))
             notes.append(
-                f"fused MLA prolog (VLLM_ASCEND_ENABLE_MLAPO) off in {off} of {sum(qkv_a.values())} layers: "
+                f"fused MLA prolog (VLLM_ASCEND_ENABLE_MLAPO) off in {off} of {plural(sum(qkv_a.values()), 'layer')}: "
                 f"q_a_proj/kv_a_proj_with_mqa are {kinds}, it needs W8A8_MXFP8"
             )
         elif qkv_a:

@@ -657,7 +657,7 @@ def check_accuracy(found: _SourceFindings, options: VerifyOptions) -> Check:
     if not found.tensors and not problems:
         return skip_check("accuracy", "measured nothing: no weight of the package is in this source")
     mx_tensors = [t for t in found.tensors if t.type in MX_TYPES]
-    detail = f"{len(found.tensors)} weights measured"
+    detail = f"{plural(len(found.tensors), 'weight')} measured"
     if mx_tensors:
         worst = min(mx_tensors, key=lambda t: t.sqnr_db if not math.isnan(t.sqnr_db) else -math.inf)
         detail += f"; worst {worst.name} {worst.sqnr_db:.1f} dB"
@@ -688,7 +688,8 @@ def check_exact(found: _SourceFindings, lay: _Layout, options: VerifyOptions) ->
     if options.exact == "sample":
         detail += f"; {found.exact_rows} sampled rows ({options.exact_rows} per weight) equal the numpy reference"
     if found.relaid:
-        detail += f"; {found.relaid} re-laid MX weights equal their source bytes through the named transform, every row"
+        same = "equals its" if found.relaid == 1 else "equal their"
+        detail += f"; {plural(found.relaid, 're-laid MX weight')} {same} source bytes through the named transform, every row"
     return make_check("exact", found.exact, detail)
 
 

@@ -61,7 +61,7 @@ def _numbering_holes(have: set[int], total: int, present: set[str]) -> list[str]
                 listed.append(f"shard numbering has a hole: {SHARD_NAME.format(hole, total)} is neither indexed nor present")
         previous = number
     if absent > len(listed):
-        listed.append(f"and {absent - len(listed)} more holes in the numbering of {total} shards")
+        listed.append(f"and {plural(absent - len(listed), 'more hole')} in the numbering of {total} shards")
     return listed
 
 
@@ -160,7 +160,7 @@ def check_description(lay: _Layout) -> Check:
         problems.append(
             f"{DESCRIPTION_NAME}: model_quant_type is {shown(found)} but the highest type present is {shown(expected)}"
         )
-    return make_check("description", problems, f"{len(lay.description)} entries, model_quant_type {found}")
+    return make_check("description", problems, f"{plural(len(lay.description), 'entry', 'entries')}, model_quant_type {found}")
 
 
 def check_headers(lay: _Layout) -> Check:
@@ -189,7 +189,7 @@ def check_index(lay: _Layout) -> Check:
     actual = sum(e.nbytes for e in lay.tensors.values())
     if lay.complete and total != actual:
         problems.append(f"{INDEX_NAME}: metadata.total_size is {shown(total)} but the shards hold {actual} bytes of tensor data")
-    return make_check("index", problems, f"{len(weight_map)} entries, total_size {total}")
+    return make_check("index", problems, f"{plural(len(weight_map), 'entry', 'entries')}, total_size {total}")
 
 
 def check_coverage(lay: _Layout) -> Check:
@@ -204,7 +204,7 @@ def check_coverage(lay: _Layout) -> Check:
         problems.append(f"{shown(name)} ({lay.tensors[name].path.name}) is a block-FP8 scale; an AscendV1 package has none")
     # whole MoE layers: the rule convert applies to its source (io.rules)
     problems += moe_coverage_problems(lay.description, lay.pkg.config, DESCRIPTION_NAME)
-    return make_check("coverage", problems, f"{len(stored)} tensors, each described and stored once")
+    return make_check("coverage", problems, f"{plural(len(stored), 'tensor')}, each described and stored once")
 
 
 def check_dtypes(lay: _Layout) -> Check:
@@ -346,7 +346,7 @@ def check_tp(lay: _Layout, tp: int, ep: bool = False) -> Check:
         problem = split_problem(prefix, module.label, module.n, module.k, routed, Deployment(tp, ep), kv_heads, lay.rules)
         if problem:
             problems.append(problem)
-    check = make_check("tp", problems, f"{checked} split linears align under --tp {tp}")
+    check = make_check("tp", problems, f"{plural(checked, 'split linear')} {'aligns' if checked == 1 else 'align'} under --tp {tp}")
     if heads:  # vLLM refuses the deployment whatever the splits: its fix is the one to give, as convert does
         check.hint = heads[1]
     return check

@@ -61,7 +61,7 @@ def render_convert(result, out: Console, err: Console, source: str = "SRC") -> N
     saving = f" ({(bytes_out - plan.bytes_in) / plan.bytes_in:+.0%})" if plan.bytes_in else ""
     out.print(
         f"{plan.scheme}, rule {plan.scale_rule}, resolve {plan.resolve_dtype}, kernel {result.kernel}: "
-        f"{sum(plan.tensor_counts().values())} tensors ({counts}"
+        f"{plural(sum(plan.tensor_counts().values()), 'tensor')} ({counts}"
         + (f"; MX payloads {conversions['relaid']} relaid, {conversions['requantized']} requantized" if conversions["relaid"] else "")
         + f"); {human_bytes(plan.bytes_in)} in, {human_bytes(bytes_out)} out{saving} "
         f"in {plural(plan.figures.shards, 'shard')}; {result.seconds:.2f} s",

@@ -105,13 +105,13 @@ def _render_inspect_summary(report, console: Console) -> None:
     facts.append(("files", f"{plural(len(report.shards), 'shard')}, {human_bytes(report.total_bytes)}, {index}"))
     text = f"{report.tensor_count} ({human_bytes(report.tensor_bytes)} of data)"
     if quant is not None:
-        text += f", {report.fp8_linears} quantizable linears"
+        text += f", {plural(report.fp8_linears, 'quantizable linear')}"
     facts.append(("tensors", text))
     text = plural(report.layers, "layer")
     if model["num_hidden_layers"] is not None and model["num_hidden_layers"] != report.layers:
         text += f" ({model['num_hidden_layers']} in config)"
     if report.routed_experts:
-        text += f", {report.routed_experts} routed experts in {plural(report.moe_layers, 'MoE layer')}"
+        text += f", {plural(report.routed_experts, 'routed expert')} in {plural(report.moe_layers, 'MoE layer')}"
     else:
         text += ", no routed experts"
     if report.shared_expert_layers:

@@ -200,7 +200,7 @@ def _worst(report: dict) -> str:
     rows = [[f"<code>{e(t['name'])}</code>", e(t["type"]), _db(math.inf if t["sqnr_db"] is None else t["sqnr_db"]),
              _num(t["rel_err"]), "-" if t["max_abs"] is None else f"{t['max_abs']:.3g}", f"{t['saturated']:.2%}",
              "yes" if t["ok"] else '<span class="FAIL">NO</span>'] for t in tensors]
-    return (f"<h2>Worst {len(tensors)} of {len(report['tensors'])} weights</h2>"
+    return (f"<h2>Worst {len(tensors)} of {plural(len(report['tensors']), 'weight')}</h2>"
             + _table(["tensor", "type", "SQNR dB", "rel err", "max abs", "saturated", "ok"], rows, (2, 3, 4, 5)))
 
 

@@ -79,7 +79,7 @@ def render(report: dict, out: TextIO) -> None:
             [code(p), str(n), f"{text(req)} → {text(wr)}", text(reason)] for p, n, req, wr, reason in groups[:GROUPS_LISTED]
         ])
         if len(groups) > GROUPS_LISTED:
-            lines += ["", f"… and {len(groups) - GROUPS_LISTED} more kinds (see the HTML report or `verify --json`)"]
+            lines += ["", f"… and {plural(len(groups) - GROUPS_LISTED, 'more kind')} (see the HTML report or `verify --json`)"]
     else:
         lines.append("None recorded.")
     floats = float_modules(report)
@@ -88,7 +88,7 @@ def render(report: dict, out: TextIO) -> None:
         lines += _table(["module", "weights", "exact"], [[code(p), str(n), str(x)] for p, n, x in floats[:GROUPS_LISTED]])
     tensors = report.get("tensors", [])[:WORST_LISTED]
     if tensors:
-        lines += ["", f"### Worst {len(tensors)} of {len(report['tensors'])} weights", ""]
+        lines += ["", f"### Worst {len(tensors)} of {plural(len(report['tensors']), 'weight')}", ""]
         lines += _table(["tensor", "type", "SQNR dB", "rel err", "ok"], [
             [code(t["name"]), text(t["type"]), _db(t["sqnr_db"]), "-" if t["rel_err"] is None else f"{t['rel_err']:.4f}",
              "yes" if t["ok"] else "**NO**"] for t in tensors

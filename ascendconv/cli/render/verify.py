@@ -45,7 +45,7 @@ def render_verify(report, out: Console, top: int = 10, quiet: bool = False) -> N
             out.print(f"  [dim]hint:[/] {escape(terminal_safe(check.hint))}", highlight=False)
     if report.tensors and not quiet:
         layer_strip(report.to_dict(), out)
-        section(out, f"worst {min(top, len(report.tensors))} of {len(report.tensors)} weights")
+        section(out, f"worst {min(top, len(report.tensors))} of {plural(len(report.tensors), 'weight')}")
         rows = [
             [terminal_safe(t.name), t.type, _db(t.sqnr_db), f"{t.rel_err:.4f}", f"{t.max_abs:.3g}", f"{t.saturated:.2%}", _yes(t.ok)]
             for t in report.tensors[:top]
