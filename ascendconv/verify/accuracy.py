@@ -674,22 +674,25 @@ def check_exact(found: _SourceFindings, lay: _Layout, options: VerifyOptions) ->
     # nothing compared is no pass (the wrong source gives 0 rows)
     if not found.rows and not found.relaid and not found.exact:
         return skip_check("exact", "compared nothing: no weight of the package could be re-derived from this source")
-    if options.exact == "full" or options.sample >= 1.0:
-        what = f"every row ({found.rows} rows)"
-    else:
-        what = (
-            f"{found.rows} of {found.rows_of} rows (--sample {options.sample:g}, seed {options.seed}: that share of "
-            "the tile rows of every weight, at least one)"
+    parts = []
+    if found.rows:  # none where every weight is re-laid: then only the re-layout is said
+        if options.exact == "full" or options.sample >= 1.0:
+            what = f"every row ({plural(found.rows, 'row')})"
+        else:
+            what = (
+                f"{found.rows} of {plural(found.rows_of, 'row')} (--sample {options.sample:g}, seed {options.seed}: that "
+                "share of the tile rows of every weight, at least one)"
+            )
+        parts.append(
+            f"{what} re-derived from the source with the compiled kernels equal the package bytes "
+            f"(rule {prov.scale_rule}, resolve {prov.resolve_dtype})"
         )
-    detail = (
-        f"{what} re-derived from the source with the compiled kernels equal the package bytes "
-        f"(rule {prov.scale_rule}, resolve {prov.resolve_dtype})"
-    )
-    if options.exact == "sample":
-        detail += f"; {found.exact_rows} sampled rows ({options.exact_rows} per weight) equal the numpy reference"
+        if options.exact == "sample":
+            parts.append(f"{plural(found.exact_rows, 'sampled row')} ({options.exact_rows} per weight) equal the numpy reference")
     if found.relaid:
         same = "equals its" if found.relaid == 1 else "equal their"
-        detail += f"; {plural(found.relaid, 're-laid MX weight')} {same} source bytes through the named transform, every row"
+        parts.append(f"{plural(found.relaid, 're-laid MX weight')} {same} source bytes through the named transform, every row")
+    detail = "; ".join(parts)
     return make_check("exact", found.exact, detail)
 
 
