@@ -4,8 +4,9 @@ Every check runs before anything is created: the parts must come from one plan (
 fingerprint, same N), each part number must be given exactly once, each part must hold exactly the
 shards the plan assigns to it, and every shard must still have the checksum its part recorded. The
 package is then built in staging like `convert` builds it: shards hard-linked from the parts (copied
-when the parts are on another filesystem; the parts are left as they are), the small files from the
-first part, and the provenance that a one-process conversion writes.
+when the parts are on another filesystem; the parts' files are left as they are but for the mode of
+a linked shard, which is the package's), the small files from the first part, and the provenance
+that a one-process conversion writes.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import stat
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -33,7 +35,7 @@ from ascendconv.io.hfcache import local_directory
 from ascendconv.io.outdir import OutputLock, StagedOutput, check_output, interruptible
 from ascendconv.io.output import check_free_space, check_output_path, existing_ancestor, output_errors, space_needed
 from ascendconv.io.checksum import CHECKSUM, hashed_file
-from ascendconv.io.files import COPY_CHUNK, copy_regular, create_new, file_size, is_text, is_within, open_regular, read_json_object
+from ascendconv.io.files import COPY_CHUNK, copy_regular, create_new, created_mode, file_size, is_text, is_within, open_regular, read_json_object
 from ascendconv.parts import PART_FORMAT, assign_parts
 from ascendconv.ascendv1 import DESCRIPTION_NAME, PART_MANIFEST_NAME, PROVENANCE_NAME
 from ascendconv.resume import differences, fingerprint
@@ -183,21 +185,11 @@ def check_files(parts: list[Part], workers: int, progress: Progress | None) -> d
     return identities
 
 
-def link_or_copy(source: Path, target: Path, identity: tuple[int, int]) -> bool:
-    """Hard-link `source` as `target` (True), or copy it when a link is impossible (False); either way
-    the file linked or copied must be the one checked (`identity`: its device and inode), not one put
-    in its place since."""
-    try:
-        os.link(source, target, follow_symlinks=False)
-        linked = True
-    except OSError as exc:
-        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES):
-            raise
-        linked = False
-    if linked:
-        st = os.lstat(target)
-        if (st.st_dev, st.st_ino) != identity:
-            raise ShardChecksumError(f"{source}: was replaced after its checksum was checked")
+def link_or_copy(source: Path, target: Path, identity: tuple[int, int], mode: int) -> bool:
+    """Hard-link `source` as `target` (True), or copy it (False) when a link is impossible or could not
+    have `mode`, the mode of every other file of the package; either way the file linked or copied
+    must be the one checked (`identity`: its device and inode), not one put in its place since."""
+    if _linked(source, target, identity, mode):
         return True
     fd, _ = open_regular(source, follow=False)
     try:
@@ -211,15 +203,43 @@ def link_or_copy(source: Path, target: Path, identity: tuple[int, int]) -> bool:
     return False
 
 
+def _linked(source: Path, target: Path, identity: tuple[int, int], mode: int) -> bool:
+    try:
+        os.link(source, target, follow_symlinks=False)
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES):
+            raise
+        return False
+    st = os.lstat(target)
+    if (st.st_dev, st.st_ino) != identity:
+        raise ShardChecksumError(f"{source}: was replaced after its checksum was checked")
+    if stat.S_IMODE(st.st_mode) == mode:
+        return True
+    # A link is the part's file itself, whose mode its job's umask gave it. Setting the package's mode
+    # sets it on the part's shard too: our own output, which nothing reads by its mode (the part's
+    # directory keeps its own). An inode with a third name (these parts assembled into another package
+    # before) keeps the mode that package has, and this package gets a copy, as it does where the file
+    # is not ours to change (a part another user wrote).
+    if st.st_nlink == 2:
+        try:
+            os.chmod(target, mode)
+            return True
+        except PermissionError:
+            pass
+    os.unlink(target)
+    return False
+
+
 def assemble_into(staging: Path, parts: list[Part], identities: dict[Path, tuple[int, int]]) -> tuple[int, int]:
     """Write the package from checked parts into `staging`; return (bytes of shards, shards linked)."""
     digests: dict[str, str] = {}
     reads: dict[str, str] = {}
     linked = 0
+    mode = created_mode()
     for part in parts:
         for name, digest in part.manifest["shards"].items():
             source = part.directory / name
-            linked += link_or_copy(source, staging / name, identities[source])
+            linked += link_or_copy(source, staging / name, identities[source], mode)
             digests[name] = digest
             reads[name] = part.manifest["reads"][name]
     for name, want in parts[0].manifest["files"].items():
@@ -249,16 +269,22 @@ def checked_parts(directories: list[Path], workers: int = 0, progress: Progress 
 
 
 def space_to_assemble(out: Path, parts: list[Part]) -> int:
-    """Bytes assembling adds at OUT at most: the shards of parts on another file system than OUT
-    (copied; the others are hard-linked and take no space), the small files, and a margin."""
+    """Bytes assembling adds at OUT at most: the shards it copies (those of parts on another file system
+    than OUT, and those of another mode already linked elsewhere: see `link_or_copy`; the others are
+    hard-linked and take no space), the small files, and a margin."""
     device = os.stat(existing_ancestor(out.parent)).st_dev
-    copied = sum(
-        file_size(part.directory / name)
-        for part in parts if os.stat(part.directory).st_dev != device
-        for name in part.manifest["shards"]
+    mode = created_mode()
+
+    def copied(path: Path) -> bool:
+        st = os.stat(path)
+        return st.st_dev != device or (stat.S_IMODE(st.st_mode) != mode and st.st_nlink > 1)
+
+    copied_bytes = sum(
+        file_size(part.directory / name) for part in parts for name in part.manifest["shards"]
+        if copied(part.directory / name)
     )
     small = sum(file_size(parts[0].directory / name) for name in parts[0].manifest["files"])
-    return space_needed([], copied, small)
+    return space_needed([], copied_bytes, small)
 
 
 def _nested(a: Path, b: Path) -> bool:

@@ -112,6 +112,68 @@ def test_every_file_has_one_mode_whether_converted_linked_or_copied(tmp_path, mo
     assert {mode for name, (mode, _) in reference.items() if name != "."} == {"0o644"}
 
 
+def parts_under(tmp_path: Path, masks: tuple[int, ...]) -> list[Path]:
+    """Part i of len(masks) converted under umask masks[i - 1], as part jobs of other shells or
+    containers are."""
+    directories = []
+    for i, mask in enumerate(masks, start=1):
+        with umask(mask):
+            convert(FIXTURES / DENSE, tmp_path / f"part{i}", ConvertOptions(**OPTIONS, part=(i, len(masks))))
+        directories.append(tmp_path / f"part{i}")
+    return directories
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o077])
+def test_parts_of_other_umasks_assemble_into_the_package_of_the_assembling_umask(tmp_path, mask):
+    """A linked shard is its part's file, and kept the mode its part job's umask gave it: parts made
+    under umask 002 and 077 and assembled under 022 gave 0600 shards among 0644 ones and 0644 JSON.
+    Each shard now has the mode of the package's other files, as a one-process run under the
+    assembling umask writes it, and is still linked."""
+    parts = parts_under(tmp_path, (0o002, 0o077))
+    with umask(mask):
+        reference = converted_from(FIXTURES / DENSE, tmp_path / "ref")
+        result = assemble_module.assemble(tmp_path / "out", parts)
+    assert package_hashes(tmp_path / "out") == reference
+    assert result.linked == result.shards == sum(1 for name in reference if name.endswith(".safetensors"))
+    assert reference["."][0] == oct(0o777 & ~mask)
+
+
+def test_a_shard_linked_into_another_package_is_copied_not_changed_when_its_mode_differs(tmp_path):
+    """A link shares its inode with every other name of it: setting the mode of a shard already linked
+    into a first package would change that published package's modes too, so the second package,
+    under another umask, gets copies (and the space check counts them)."""
+    parts = parts_under(tmp_path, (0o022, 0o022))
+    read = [assemble_module.read_part(p) for p in parts]
+    with umask(0o022):
+        first = assemble_module.assemble(tmp_path / "first", parts)
+        linked_space = assemble_module.space_to_assemble(tmp_path / "second", read)
+    with umask(0o077):
+        private = converted_from(FIXTURES / DENSE, tmp_path / "private-ref")
+        copied = sum(path.stat().st_size for path in (tmp_path / "first").glob("*.safetensors"))
+        assert assemble_module.space_to_assemble(tmp_path / "second", read) == linked_space + copied
+        second = assemble_module.assemble(tmp_path / "second", parts)
+    assert (first.linked, second.linked) == (first.shards, 0)
+    assert package_hashes(tmp_path / "second") == private
+    assert {mode for name, (mode, _) in package_hashes(tmp_path / "first").items() if name != "."} == {"0o644"}
+
+
+def test_a_part_shard_whose_mode_is_not_ours_to_change_is_copied(tmp_path, monkeypatch):
+    """A part written by another user can be linkable (readable and writable by us) and still not
+    ours to chmod: the package gets a copy of the package's mode."""
+
+    def not_owner(*args, **kwargs):
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    parts = parts_under(tmp_path, (0o077, 0o077))
+    monkeypatch.setattr(assemble_module.os, "chmod", not_owner)
+    with umask(0o022):
+        reference = converted_from(FIXTURES / DENSE, tmp_path / "ref")
+        result = assemble_module.assemble(tmp_path / "out", parts)
+    assert result.linked == 0
+    assert package_hashes(tmp_path / "out") == reference
+    assert {oct(stat.S_IMODE(path.stat().st_mode)) for path in tmp_path.glob("part*/*.safetensors")} == {"0o600"}
+
+
 @pytest.mark.parametrize("epoch", ["1764624600.5", "-1", "yesterday", "9" * 30, "\uff11\uff12\uff13"])
 def test_a_malformed_source_date_epoch_is_refused_before_anything_is_written(tmp_path, monkeypatch, epoch):
     """SOURCE_DATE_EPOCH is what makes two runs byte-identical: a value that is not whole seconds was

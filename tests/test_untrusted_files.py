@@ -19,7 +19,7 @@ from ascendconv.assemble import link_or_copy
 from ascendconv.cli import app
 from ascendconv.convert import ConvertOptions, convert
 from ascendconv.errors import CopiedFileError, NotCachedError, ShardChecksumError
-from ascendconv.io.files import MAX_COPIED_BYTES, copy_regular, read_regular_bytes
+from ascendconv.io.files import MAX_COPIED_BYTES, copy_regular, created_mode, read_regular_bytes
 from ascendconv.io.hfcache import resolve_source
 from ascendconv.io.outdir import STAGING_TAG
 from ascendconv.resume import LEDGER_NAME, write_json_atomic
@@ -205,8 +205,8 @@ def test_a_part_shard_swapped_after_its_check_is_not_linked(tmp_path):
     identity = (os.stat(checked).st_dev, os.stat(checked).st_ino)
     (tmp_path / "staging").mkdir()
     with pytest.raises(ShardChecksumError, match="was replaced after its checksum was checked"):
-        link_or_copy(swapped, tmp_path / "staging" / "s", identity)
-    assert link_or_copy(checked, tmp_path / "staging" / "t", identity) is True
+        link_or_copy(swapped, tmp_path / "staging" / "s", identity, created_mode())
+    assert link_or_copy(checked, tmp_path / "staging" / "t", identity, created_mode()) is True
 
 
 @pytest.mark.parametrize("kind", ["fifo", "zero"])

@@ -143,6 +143,19 @@ def _bytes(count: int) -> str:
 FILE_MODE = 0o644
 
 
+def created_mode() -> int:
+    """The mode `create_new` gives a file: FILE_MODE less this process's umask, which Linux reports in
+    /proc. Elsewhere the umask is read by setting it and back, the one portable way (a file another
+    thread creates in between would get 0o077's mode)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return FILE_MODE & ~int(line.split()[1], 8)
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return FILE_MODE & ~mask
+
+
 def create_new(path: Path) -> int:
     """A descriptor of a file created for writing at `path`, which must not exist yet: O_EXCL never
     opens what is there (a symlink planted under the name included), so nothing else is written."""
