@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -349,6 +350,75 @@ def test_sigkill_leaves_staging_that_the_next_run_removes(large_source, tmp_path
     result = runner.invoke(app, ["convert", str(large_source), str(out), "--quiet"])
     assert result.exit_code == 0, result.output
     assert hidden_siblings(tmp_path) == [] and (out / "quant_model_description.json").exists()
+
+
+# What a --ray task does in its driver's staging (cluster.convert_part: a part run into a part directory
+# there, holding that directory's lock), writing on after its driver was killed with SIGKILL.
+ORPHAN_TASK = """
+import sys, time
+from pathlib import Path
+from ascendconv.io.outdir import OutputLock
+part = Path(sys.argv[1])
+OutputLock(part).acquire()
+print("locked", flush=True)
+for i in range(100_000):
+    (part.parent / f"written-{i}").write_bytes(b"x")
+    time.sleep(0.02)
+"""
+
+
+def orphan_task(tmp_path: Path) -> tuple[Path, subprocess.Popen]:
+    stale = tmp_path / f".out{STAGING_TAG}0123456789abcdef"
+    stale.mkdir()
+    task = subprocess.Popen([sys.executable, "-c", ORPHAN_TASK, str(stale / ".part-1-of-2")], stdout=subprocess.PIPE, text=True)
+    assert task.stdout.readline() == "locked\n"
+    return stale, task
+
+
+def test_the_staging_of_a_killed_ray_driver_is_removed_once_its_tasks_have_ended(fixture_copy, tmp_path):
+    """A --ray driver killed with SIGKILL leaves its tasks running until Ray stops them (0.1 to 1.2 s
+    measured), writing in its staging: the next run removed that staging under them at once, so their
+    files went as they wrote (and the removal can fail, should one create a file in between). It waits for
+    them now, saying so, as Ray's SIGKILL ends them."""
+    src = fixture_copy(DENSE)
+    stale, task = orphan_task(tmp_path)
+    notices: list[str] = []
+
+    def notice(text: str) -> None:
+        notices.append(text)
+        threading.Timer(0.3, task.kill).start()  # Ray stopping the task
+
+    try:
+        convert(src, tmp_path / "out", ConvertOptions(), notice=notice)
+        task.wait(timeout=30)
+    finally:
+        task.kill()
+    assert notices == [
+        f"waiting for the part runs (pid {task.pid}) still writing in {stale}, left by an earlier run to {tmp_path / 'out'}, "
+        "to end (30 s at most)"
+    ]
+    assert task.returncode == -signal.SIGKILL  # it wrote on until it was stopped: its directory was there
+    assert hidden_siblings(tmp_path) == [] and (tmp_path / "out" / "quant_model_description.json").exists()
+
+
+def test_a_task_still_writing_in_a_dead_runs_staging_is_named_after_the_wait(fixture_copy, tmp_path, monkeypatch):
+    src = fixture_copy(DENSE)
+    monkeypatch.setattr(outdir, "WRITER_WAIT_SECONDS", 0.5, raising=False)
+    stale, task = orphan_task(tmp_path)
+    try:
+        result = run_convert(src, tmp_path / "out", "--json")
+        assert task.poll() is None
+    finally:
+        task.kill()
+        task.wait()
+    assert result.exit_code == 2, result.output
+    error = json.loads(result.stdout)
+    assert error["error"] == "OutputBusyError" and error["message"] == (
+        f"{stale}: an ascendconv part run (pid {task.pid}) is still writing in this staging directory of an earlier run "
+        f"to {tmp_path / 'out'} (a --ray task outliving its driver), after 0.5 s"
+    )
+    assert error["hint"] == "wait for it to end or stop it, then run the same command again"
+    assert stale.is_dir() and not (tmp_path / "out").exists()
 
 
 def test_refusals_are_checked_before_anything_is_created(fixture_copy, tmp_path):

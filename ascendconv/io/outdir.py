@@ -5,7 +5,9 @@ and renamed into place (with --overwrite, exchanged with the old package in one 
 OUT is never missing). A lock file beside OUT (`.NAME.ascendconv-lock`, held with flock) makes a
 second run to the same OUT fail at once instead of silently replacing the first one's work; flock
 works across PID namespaces and dies with its holder. Whoever holds the lock may remove staging and
-old-package remains that a dead process left (SIGKILL, power loss): no live process can own them.
+old-package remains that a dead process left (SIGKILL, power loss), once no part run still writes in
+them: the --ray tasks of a driver killed with SIGKILL go on in its staging, holding their part
+directories' locks, until Ray stops them.
 
 `--overwrite` never deletes what it does not recognise: OUT must be empty or an earlier package
 (flat, regular files, a package description), and must neither contain nor lie inside the source.
@@ -26,6 +28,7 @@ import signal
 import stat
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Callable, Iterator, NoReturn
 
@@ -268,13 +271,13 @@ class OutputLock:
 
     def _busy(self, fd: int) -> OutputBusyError:
         return OutputBusyError(
-            f"{self.path.parent / self.path.name[1:-len(LOCK_TAG)]}: another ascendconv run{self._holder(fd)} is "
+            f"{self.path.parent / self.path.name[1:-len(LOCK_TAG)]}: another ascendconv run{self.holder(fd)} is "
             f"writing this output (it holds {self.path})",
             "wait for it to finish, or choose another OUT",
         )
 
     @staticmethod
-    def _holder(fd: int) -> str:
+    def holder(fd: int) -> str:
         """' (pid P on HOST)' as the holder recorded it in the lock file, or '' (not written yet,
         or not what a run writes)."""
         try:
@@ -372,6 +375,29 @@ def stale_siblings(out: Path) -> list[Path]:
 
 _RANDOM_PART = re.compile("[0-9a-f]+")
 
+# How long a run waits for the part runs still writing in a dead run's staging: the tasks of a --ray
+# driver killed with SIGKILL go on until Ray stops them (measured: 0.1 s on a cluster the driver
+# joined, 1.2 s where the driver had started Ray itself).
+WRITER_WAIT_SECONDS = 30.0
+
+
+def lock_holders(directory: Path) -> list[str]:
+    """The runs holding the OUT locks inside `directory` (a --ray run's staging, whose part
+    directories its tasks lock), each as ' (pid P on HOST)' or ''; a lock file nobody holds is left out."""
+    holders = []
+    for path in directory.glob(f".*{LOCK_TAG}"):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:  # gone meanwhile, or not a file
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holders.append(OutputLock.holder(fd))
+        finally:
+            os.close(fd)  # and with it the shared lock, if it was had
+    return holders
+
 
 class StagedOutput:
     """Build a package beside OUT and publish it whole; on any failure leave OUT as it was.
@@ -416,6 +442,7 @@ class StagedOutput:
             self.lock.acquire()
             self.check()
             for stale in stale_siblings(self.out):
+                self._wait_for_writers(stale)
                 if self._adopt(stale):
                     self.staging, self.resumed = stale, True
                 else:
@@ -427,6 +454,26 @@ class StagedOutput:
             self._clean_up(exc)
             raise
         return self
+
+    def _wait_for_writers(self, stale: Path) -> None:
+        """A dead run's staging may still be written: its --ray tasks outlive a driver killed with
+        SIGKILL until Ray stops them. Removed under them, its files went as they wrote them (and the
+        removal itself fails, ENOTEMPTY, should one create a file in between), so wait for them to end,
+        WRITER_WAIT_SECONDS at most."""
+        deadline = time.monotonic() + WRITER_WAIT_SECONDS
+        told = False
+        while holders := lock_holders(stale):
+            if time.monotonic() >= deadline:
+                raise OutputBusyError(
+                    f"{stale}: an ascendconv part run{holders[0]} is still writing in this staging directory of an "
+                    f"earlier run to {self.out} (a --ray task outliving its driver), after {WRITER_WAIT_SECONDS:g} s",
+                    "wait for it to end or stop it, then run the same command again",
+                )
+            if not told and self.notice is not None:
+                self.notice(f"waiting for the part runs{', '.join(holders)} still writing in {stale}, left by an earlier "
+                            f"run to {self.out}, to end ({WRITER_WAIT_SECONDS:g} s at most)")
+                told = True
+            time.sleep(0.1)
 
     def _remove_stale(self, stale: Path) -> None:
         """Remove what a dead run left; kept --resume work (its ledger inside) not without saying so."""
