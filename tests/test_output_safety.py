@@ -3,6 +3,7 @@ files outside the source, a lock against concurrent runs, true messages and clea
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -419,6 +420,45 @@ def test_a_task_still_writing_in_a_dead_runs_staging_is_named_after_the_wait(fix
     )
     assert error["hint"] == "wait for it to end or stop it, then run the same command again"
     assert stale.is_dir() and not (tmp_path / "out").exists()
+
+
+@contextlib.contextmanager
+def attribute_set(directory: Path, letter: str):
+    """chattr +LETTER on `directory` for the block, and always -LETTER after; skipped where it cannot be
+    set (not root, or a file system without the attributes)."""
+    made = subprocess.run(["chattr", f"+{letter}", str(directory)], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"chattr +{letter} {directory}: {made.stderr.strip()}")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", f"-{letter}", str(directory)], check=True)
+
+
+@pytest.mark.parametrize("letter, name", [("i", "immutable"), ("a", "append-only")])
+@pytest.mark.parametrize("command", ["convert", "dry run", "assemble"])
+def test_an_immutable_empty_out_is_refused_before_anything_is_written(fixture_copy, tmp_path, letter, name, command):
+    """An empty OUT that no rename can replace (chattr +i, +a: not even root's) passed every check,
+    so the whole conversion ran and failed only at the end, 'the finished package could not be
+    renamed into place (Operation not permitted)', and a dry run said it would succeed."""
+    src = fixture_copy(DENSE)
+    part = tmp_path / "part"
+    if command == "assemble":
+        assert run_convert(src, part, "--part", "1/1").exit_code == 0
+    out = tmp_path / "out"
+    out.mkdir()
+    args = {"convert": ["convert", str(src), str(out)], "dry run": ["convert", str(src), str(out), "--dry-run"],
+            "assemble": ["assemble", str(out), str(part)]}[command]
+    with attribute_set(out, letter):
+        result = runner.invoke(app, [*args, "--json"])
+        assert result.exit_code == 2, result.output
+        error = json.loads(result.stdout)
+        assert error["error"] == "OutputPathError"
+        assert error["message"] == (
+            f"{out}: has the {name} attribute (chattr +{letter}), so no package can be renamed into its place, not even by root"
+        )
+        assert error["hint"] == f"remove the {name} attribute: chattr -{letter} {out}, or choose another OUT"
+        assert list(out.iterdir()) == [] and hidden_siblings(tmp_path) == []
 
 
 def test_refusals_are_checked_before_anything_is_created(fixture_copy, tmp_path):

@@ -26,6 +26,7 @@ import secrets
 import shutil
 import signal
 import stat
+import struct
 import sys
 import threading
 import time
@@ -56,10 +57,34 @@ def looks_like_package(path: Path, marker: str) -> bool:
     return any(e.name == marker for e in entries) and all(e.is_file() and not e.is_symlink() for e in entries)
 
 
+# linux/fs.h: FS_IOC_GETFLAGS, _IOR('f', 1, long) as x86 and Arm number it (elsewhere the ioctl fails,
+# and nothing is known), and the two attributes that keep a directory from being removed or replaced.
+FS_IOC_GETFLAGS = (2 << 30) | (ctypes.sizeof(ctypes.c_long) << 16) | (ord("f") << 8) | 1
+_UNCHANGEABLE = ((0x10, "immutable", "i"), (0x20, "append-only", "a"))  # FS_IMMUTABLE_FL, FS_APPEND_FL
+
+
+def unchangeable_attribute(directory: Path) -> tuple[str, str] | None:
+    """('immutable', 'i') or ('append-only', 'a') for a directory with that attribute (chattr), which
+    then can be neither removed nor replaced, not even by root; None without, or where the file
+    system or the system does not say."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        (flags,) = struct.unpack("i", fcntl.ioctl(fd, FS_IOC_GETFLAGS, bytes(4)))  # the kernel's is an int
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return next(((name, letter) for bit, name, letter in _UNCHANGEABLE if flags & bit), None)
+
+
 def check_output(out: Path, source_root: Path, overwrite: bool, marker: str, source: str = "source") -> None:
     """Refuse an OUT that would lose data: the source (what the messages call `source`: assemble's
     are parts), its ancestors or descendants, a mount point, the filesystem root or home, a symlink,
-    or (with --overwrite) a directory that is not a package."""
+    or (with --overwrite) a directory that is not a package; and one that no package can replace
+    (immutable or append-only)."""
     real_out = Path(os.path.realpath(out))
     real_src = Path(os.path.realpath(source_root))
     shown = f"{out}" + (f" (= {real_out})" if str(real_out) != str(out.absolute()) else "")
@@ -99,6 +124,13 @@ def _check_present(out: Path, overwrite: bool, marker: str) -> None:
         raise OutputExistsError(f"{out}: exists and is not a directory", "choose a new or empty directory as OUT")
     if os.path.ismount(out):
         raise UnsafeOutputError(f"{out}: is a mount point", "write the package into a new directory inside it")
+    attribute = unchangeable_attribute(out)  # the finished package replaces OUT: refused now, not then
+    if attribute is not None:
+        name, letter = attribute
+        raise OutputPathError(
+            f"{out}: has the {name} attribute (chattr +{letter}), so no package can be renamed into its place, not even by root",
+            f"remove the {name} attribute: chattr -{letter} {out}, or choose another OUT",
+        )
     if not any(out.iterdir()):
         return
     if not overwrite:
