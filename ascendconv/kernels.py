@@ -947,7 +947,7 @@ def _error_kernel(codes2d, scale, bn, bk, row_offset, bf16, fmt, payload2d, scal
     sums[3] += saturated
 
 
-_RESOLVE_SIG = types.none(
+_RESOLVE_SIG = types.int64(
     types.Array(types.uint8, 2, "C", readonly=True),
     types.Array(types.float32, 2, "C", readonly=True),
     types.int64,
@@ -959,11 +959,14 @@ _RESOLVE_SIG = types.none(
 
 @_entry_point(_RESOLVE_SIG)
 def _resolve_bf16_kernel(codes, scale, bn, bk, row_offset, out):
-    """out[r, k] = BF16 bits of R(fp8 * s), one 256-entry table per tile."""
+    """out[r, k] = BF16 bits of R(fp8 * s), one 256-entry table per tile. Status 0: done; 1: a
+    value is NaN or Inf, from a NaN code or an overflow (the caller asks the reference for its error)."""
     rows, k = codes.shape
     tab = np.empty(256, dtype=np.uint16)
     if rows == 0:
-        return
+        return 0
+    # bit 15 of (bits & 0x7F80) + 0x80 is set only where the exponent is all ones (NaN / Inf)
+    exponents = np.uint16(0)
     for t in range(row_offset // bn, (row_offset + rows - 1) // bn + 1):
         r0 = max(t * bn - row_offset, 0)
         r1 = min((t + 1) * bn - row_offset, rows)
@@ -975,7 +978,10 @@ def _resolve_bf16_kernel(codes, scale, bn, bk, row_offset, out):
             k1 = min(k0 + bk, k)
             for r in range(r0, r1):
                 for kk in range(k0, k1):
-                    out[r, kk] = tab[codes[r, kk]]
+                    bits = tab[codes[r, kk]]
+                    out[r, kk] = bits
+                    exponents |= (bits & np.uint16(0x7F80)) + np.uint16(0x80)
+    return 1 if exponents & np.uint16(0x8000) else 0
 
 
 @_entry_point(types.int64(types.Array(types.uint8, 1, "C", readonly=True)))
@@ -1105,16 +1111,16 @@ ENTRY_POINTS = {
 
 def entry_points_for(mx: bool, resolve: bool, tiles_split_groups: bool) -> list[str]:
     """The entry points a conversion needs: requantize for MX weights (and the direct path when
-    some tiles split MX groups: bk % 32 != 0), resolve_bf16 and first_nan (its NaN check) for
-    weights kept in BF16. (requantize finds NaN codes itself; first_nan then only names the first
-    one, and is compiled on that first error.)"""
+    some tiles split MX groups: bk % 32 != 0), resolve_bf16 for weights kept in BF16. (Both find
+    NaN codes themselves; first_nan then only names the first one, and is compiled on that first
+    error.)"""
     names = []
     if mx:
         names.append("requantize")
         if tiles_split_groups:
             names.append("requantize_direct")
     if resolve:
-        names += ["resolve_bf16", "first_nan"]
+        names.append("resolve_bf16")
     return names
 
 
@@ -1279,7 +1285,8 @@ def resolve_rows_bf16(
         return _reference.resolve_rows_bf16(codes, scale_inv, block, row_offset)
     c, scale, bn, bk, offset = prepared
     result = _output(out, c.shape, np.uint16)
-    _resolve_bf16_kernel(c, scale, bn, bk, offset, result)
+    if _resolve_bf16_kernel(c, scale, bn, bk, offset, result):  # NaN/Inf: the reference raises its own error
+        return _reference.resolve_rows_bf16(codes, scale_inv, block, row_offset)
     return result.view(ml_dtypes.bfloat16)
 
 

@@ -96,6 +96,36 @@ def test_named_source_errors(fixture_copy, tmp_path, edit, error, words):
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")] == []
 
 
+def past_bf16_scale(t):
+    """Tile scale BF16 0x7B12 (7.5816e35) and a code 448 at row 3, column 5 of q_proj: the product,
+    1.99609375 x 2**127, is a float32, but BF16 rounds it to inf."""
+    dtype, shape, data = t[Q + ".weight_scale_inv"]
+    scales = np.frombuffer(data, np.uint16).copy()
+    scales[0] = 0x7B12
+    t[Q + ".weight_scale_inv"] = (dtype, shape, scales.tobytes())
+    dtype, shape, data = t[Q + ".weight"]
+    raw = bytearray(data)
+    raw[3 * shape[1] + 5] = 0x7E
+    t[Q + ".weight"] = (dtype, shape, bytes(raw))
+
+
+@pytest.mark.parametrize("written", ["W8A8_MXFP8", "FLOAT"])
+def test_values_past_bf16_are_refused_whether_quantized_or_written_float(fixture_copy, tmp_path, written):
+    """The MX path refused rows whose code x tile scale BF16 rounds to inf; written FLOAT (an
+    --override, a K that fits no type, a module kept in BF16) the same rows went into the package
+    as +inf, exit 0, for verify to fail later. Both are NonFiniteValueError now, naming the rows."""
+    src = fixture_copy(DENSE)
+    edit_dense(src, past_bf16_scale)
+    out = tmp_path / "out"
+    result = run_convert(src, out, "--json", "--override", f"model.layers.0.self_attn.*={written}")
+    assert result.exit_code == 3, result.output
+    report = json.loads(result.stdout.strip().splitlines()[0])
+    assert report["error"] == "NonFiniteValueError"
+    assert f"'{Q}.weight' rows 0.." in report["message"] and f"tile scales from '{Q}.weight_scale_inv'" in report["message"]
+    assert report["hint"].startswith("code x tile scale is past the range of float32 (or of BF16")
+    assert not out.exists()
+
+
 def test_truncated_shard(fixture_copy, tmp_path):
     src = fixture_copy(DENSE)
     shard = src / "model.safetensors"

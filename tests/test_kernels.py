@@ -275,12 +275,39 @@ def test_kernel_equals_reference(case):
 @given(inputs)
 def test_resolve_bf16_equals_reference(case):
     codes, scale = build(case)
-    if case["seed"] % 3 == 0:  # NaN codes resolve to NaN; the bits must agree too
+    if case["seed"] % 3 == 0:  # a NaN code: both refuse the rows, with the reference's error
         codes.flat[case["seed"] % codes.size] = NAN_CODES[case["seed"] % 2]
-    expected = requantize.resolve_rows_bf16(codes, scale, case["block"], case["row_offset"])
-    got = kernels.resolve_rows_bf16(codes, scale, case["block"], case["row_offset"])
+    args = (codes, scale, case["block"], case["row_offset"])
+    try:
+        expected = requantize.resolve_rows_bf16(*args)
+    except ValueError as exc:
+        with pytest.raises(ValueError) as raised:
+            kernels.resolve_rows_bf16(*args)
+        assert str(raised.value) == str(exc)
+        return
+    got = kernels.resolve_rows_bf16(*args)
     assert got.dtype == expected.dtype == ml_dtypes.bfloat16
     np.testing.assert_array_equal(got.view(np.uint16), expected.view(np.uint16))
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+def test_resolve_bf16_refuses_values_past_bf16_as_the_mx_path_does():
+    """448 x 7.595e35 = 3.4014e38 is a float32 but past BF16's largest value (3.3895e38, rounding
+    to inf from 3.3961e38): the FLOAT resolve refuses the rows as requantize_rows does, instead of
+    writing +/-inf BF16; the rows below the overflow, and 3.3895e38 itself, resolve as before."""
+    codes = np.full((3, 64), 0x38, np.uint8)  # 1.0
+    codes[1, 5], codes[2, 7] = 0x7E, 0xFE  # +-448
+    scale = np.full((1, 1), 7.595e35, np.float32)
+    assert np.isinf(elements.bf16_round(np.float32(448) * scale)).all()
+    for impl in (requantize, kernels):
+        with pytest.raises(ValueError, match=r"^non-finite resolved BF16 values: NaN/Inf count 2$"):
+            impl.resolve_rows_bf16(codes, scale, (128, 128), 0)
+        with pytest.raises(ValueError, match=r"^non-finite"):
+            impl.requantize_rows(codes, scale, (128, 128), 0, "bf16", E4M3, "mse")
+        finite = impl.resolve_rows_bf16(codes[:1], scale, (128, 128), 0)
+        assert finite.view(np.uint16).tolist() == [[0x7B12] * 64]  # BF16 of 7.595e35
+        largest = impl.resolve_rows_bf16(codes[1:2, :8], np.full((1, 1), 3.3895e38 / 448, np.float32), (128, 128), 0)
+        assert largest.view(np.uint16)[0, 5] == 0x7F7F  # BF16's largest finite value
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
@@ -583,7 +610,7 @@ def test_importing_the_kernels_compiles_nothing(tmp_path):
     ("scheme", "fixture", "compiled"),
     [
         ("w4a8-mxfp-moe", "qwen3-moe-fp8", ["requantize"]),
-        ("w8a8-mxfp8", "deepseek-v3-fp8", ["requantize", "resolve_bf16", "first_nan"]),
+        ("w8a8-mxfp8", "deepseek-v3-fp8", ["requantize", "resolve_bf16"]),
     ],
 )
 def test_first_run_says_it_compiles_once_and_only_what_it_needs(tmp_path, scheme, fixture, compiled):

@@ -52,6 +52,11 @@ def quantize_rows(values: np.ndarray, fmt: ElementFormat, rule: str) -> tuple[np
 
 
 def resolve_rows_bf16(codes: np.ndarray, scale_inv: np.ndarray, block: tuple[int, int], row_offset: int) -> np.ndarray:
-    """Rows of a block-FP8 weight resolved to BF16, for a layer written as FLOAT."""
+    """Rows of a block-FP8 weight resolved to BF16, for a layer written as FLOAT. Raises ValueError
+    on a non-finite result (a NaN code, or code x tile scale past BF16's range), as
+    `requantize_rows` does: the layer must not be written FLOAT with values its MX twin refuses."""
     values = resolve.resolve_tiles(codes, scale_inv, block, "bf16", row_offset=row_offset)
+    if not np.isfinite(values).all():
+        bad = int(values.size - np.count_nonzero(np.isfinite(values)))
+        raise ValueError(f"non-finite resolved BF16 values: NaN/Inf count {bad}")
     return values.astype(ml_dtypes.bfloat16)

@@ -85,9 +85,6 @@ class Fp8TileRows:
         t0 = row_start // bn
         return self.source.read_scale(self.linear, (t0, -(-(row_start + rows) // bn))), row_start - t0 * bn
 
-    def _check_nan(self, codes: "np.ndarray", row_start: int) -> None:
-        check_nan_codes(self.impl, self.linear, codes, row_start)
-
     def quantize(self, data, row_start: int, rows: int, fmt, rule: str, resolve_dtype: str, **out):
         """(payload, E8M0 scale bytes) of rows [row_start, row_start + rows), from their bytes."""
         import numpy as np
@@ -97,23 +94,31 @@ class Fp8TileRows:
         try:
             return self.impl.requantize_rows(codes, scale, self.linear.block, offset, resolve_dtype, fmt, rule, **out)
         except ValueError as exc:
-            # Both kernels refuse non-finite input, NaN codes included, so the codes need no scan
-            # of their own on the way in: name the first NaN code if that was the cause, else the
-            # overflow of code x tile scale.
-            self._check_nan(codes, row_start)
-            raise NonFiniteValueError(
-                f"{self.linear.weight.path.name}: {self.linear.weight.name!r} rows {row_start}..{row_start + rows - 1} "
-                f"resolve to NaN/Inf with their tile scales from {self.linear.scale.name!r} ({exc})"
-            ) from exc
+            raise self._non_finite(codes, row_start, exc) from exc
 
     def to_bf16(self, data, row_start: int, rows: int, **out):
         """BF16 values of rows [row_start, row_start + rows), for a module written FLOAT."""
         import numpy as np
 
         codes = np.frombuffer(data, np.uint8).reshape(rows, self.row_bytes)
-        self._check_nan(codes, row_start)
         scale, offset = self._scales_for(row_start, rows)
-        return self.impl.resolve_rows_bf16(codes, scale, self.linear.block, offset, **out)
+        try:
+            return self.impl.resolve_rows_bf16(codes, scale, self.linear.block, offset, **out)
+        except ValueError as exc:
+            raise self._non_finite(codes, row_start, exc) from exc
+
+    def _non_finite(self, codes: "np.ndarray", row_start: int, exc: ValueError) -> NonFiniteValueError:
+        """The error of rows whose values are not finite. Both kernels refuse them, NaN codes
+        included, so the codes need no scan of their own on the way in: the first NaN code is
+        named (raised) if that was the cause, else the overflow of code x tile scale."""
+        check_nan_codes(self.impl, self.linear, codes, row_start)
+        weight = self.linear.weight
+        return NonFiniteValueError(
+            f"{weight.path.name}: {weight.name!r} rows {row_start}..{row_start + len(codes) - 1} "
+            f"resolve to NaN/Inf with their tile scales from {self.linear.scale.name!r} ({exc})",
+            "code x tile scale is past the range of float32 (or of BF16, where the weights are resolved to BF16): "
+            "the scale tensor is damaged; download the checkpoint again",
+        )
 
 
 class FloatRows:
@@ -259,8 +264,7 @@ def linear_rows(impl, source: Source, linear: SourceLinear):
 def entry_points(linears, mx: bool, resolve: bool) -> list[str]:
     """The numba entry points a run over `linears` needs: requantize for MX weights from FP8 tiles
     (and its direct path where a tile splits MX groups), quantize_float for MX weights from float
-    or decoded MX values, resolve_bf16 and first_nan for FP8 weights kept in BF16, first_nan for
-    MXFP8 sources."""
+    or decoded MX values, resolve_bf16 for FP8 weights kept in BF16, first_nan for MXFP8 sources."""
     from ascendconv.kernels import entry_points_for
 
     linears = list(linears)

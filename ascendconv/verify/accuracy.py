@@ -416,7 +416,7 @@ class _Rederive:
             data = self.source.reader.read_bytes(linear.weight, r0 * rows_of.row_bytes, rows * rows_of.row_bytes)
             try:
                 want = np.asarray(rows_of.to_bf16(data, r0, rows)).tobytes()
-            except (NonFiniteScaleError, HeaderError) as exc:
+            except (NaNCodeError, NonFiniteValueError, NonFiniteScaleError, HeaderError) as exc:
                 return exc.message
             got = bytes(reader.read_bytes(pkg, r0 * 2 * k, rows * 2 * k))
             if want != got:
