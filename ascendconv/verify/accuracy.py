@@ -519,7 +519,8 @@ class _Rederive:
         """A linear of an MX source, every row: re-laid out (the written type is the source's, or
         MXFP4 written W8A8_MXFP8), the package bytes compared with the source bytes through the
         named transform; re-quantized, re-derived from the decoded values with the kernel; written
-        FLOAT, the BF16 of the decoded values. Each measured against the decoded values."""
+        FLOAT, the BF16 of the decoded values. Each measured against the decoded values (a FLOAT one
+        against their BF16, as a resolved FP8 weight is)."""
         import ml_dtypes
 
         out = _Compared()
@@ -544,8 +545,11 @@ class _Rederive:
                     w.payload_diff.update(stored, payload, rows)
                     w.scale_diff.update(scales, scale_bytes, rows)
                 elif fmt is None:
-                    want = values.astype(ml_dtypes.bfloat16).view(np.uint8)
-                    w.payload_diff.update(stored.view(np.uint8), want, rows)
+                    want = values.astype(ml_dtypes.bfloat16)
+                    w.payload_diff.update(stored.view(np.uint8), want.view(np.uint8), rows)
+                    # measured as a resolved FP8 weight is, against its BF16 values: under E8M0
+                    # bytes 0..2 MXFP8 holds values finer than BF16's subnormals
+                    values = want.astype(np.float32)
                 elif self.rule is not None:
                     payload, scale_bytes = self.kernels.quantize_rows(values, fmt, self.rule)
                     w.payload_diff.update(stored, payload, rows)
