@@ -145,10 +145,20 @@ class FloatRows:
         try:
             return self.impl.quantize_rows(values, fmt, rule, **out)
         except ValueError as exc:
-            weight = self.linear.weight
-            raise NonFiniteValueError(
-                f"{weight.path.name}: {weight.name!r} holds NaN/Inf in rows {row_start}..{row_start + rows - 1} ({exc})"
-            ) from exc
+            raise self._non_finite(values, row_start) from exc
+
+    def _non_finite(self, values: "np.ndarray", row_start: int) -> NonFiniteValueError:
+        """The error of rows the quantizer refused (the planner quantizes only K % 32 == 0, so a
+        value that is not finite): the first one is named. A float master holds its values as
+        they are, so no scale can be the cause."""
+        import numpy as np
+
+        r, c = (int(i) for i in np.argwhere(~np.isfinite(values))[0])
+        weight = self.linear.weight
+        return NonFiniteValueError(
+            f"{weight.path.name}: {weight.name!r} holds {values[r, c]} at row {row_start + r}, column {c}",
+            f"a trained weight is finite: the {weight.dtype} tensor is damaged; download the checkpoint again",
+        )
 
 
 class MxRows:
