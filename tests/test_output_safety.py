@@ -435,30 +435,64 @@ def attribute_set(directory: Path, letter: str):
         subprocess.run(["chattr", f"-{letter}", str(directory)], check=True)
 
 
+def command_to(out: Path, command: str, fixture_copy, tmp_path: Path) -> list[str]:
+    """The arguments of `command` (convert, its dry run, or assemble of a one-part run) writing OUT."""
+    src = fixture_copy(DENSE)
+    if command == "assemble":
+        part = tmp_path / "part"
+        assert run_convert(src, part, "--part", "1/1").exit_code == 0
+        return ["assemble", str(out), str(part)]
+    return ["convert", str(src), str(out)] + (["--dry-run"] if command == "dry run" else [])
+
+
 @pytest.mark.parametrize("letter, name", [("i", "immutable"), ("a", "append-only")])
 @pytest.mark.parametrize("command", ["convert", "dry run", "assemble"])
-def test_an_immutable_empty_out_is_refused_before_anything_is_written(fixture_copy, tmp_path, letter, name, command):
+@pytest.mark.parametrize("where", ["OUT", "OUT's directory"])
+def test_an_immutable_or_append_only_out_or_directory_is_refused_before_anything_is_written(
+    fixture_copy, tmp_path, letter, name, command, where
+):
     """An empty OUT that no rename can replace (chattr +i, +a: not even root's) passed every check,
     so the whole conversion ran and failed only at the end, 'the finished package could not be
-    renamed into place (Operation not permitted)', and a dry run said it would succeed."""
-    src = fixture_copy(DENSE)
-    part = tmp_path / "part"
-    if command == "assemble":
-        assert run_convert(src, part, "--part", "1/1").exit_code == 0
-    out = tmp_path / "out"
-    out.mkdir()
-    args = {"convert": ["convert", str(src), str(out)], "dry run": ["convert", str(src), str(out), "--dry-run"],
-            "assemble": ["assemble", str(out), str(part)]}[command]
-    with attribute_set(out, letter):
+    renamed into place (Operation not permitted)', and a dry run said it would succeed. OUT's
+    directory with chattr +a let convert create its lock and staging there, convert the whole model,
+    then fail ('.out.ascendconv-lock: Operation not permitted') and leave both behind for good (an
+    append-only directory lets nothing be removed); with chattr +i it was 'not writable', which the
+    permissions do not explain."""
+    parent = tmp_path / "models"
+    parent.mkdir()
+    out = parent / "out"
+    if where == "OUT":
+        out.mkdir()
+    args = command_to(out, command, fixture_copy, tmp_path)
+    with attribute_set(out if where == "OUT" else parent, letter):
         result = runner.invoke(app, [*args, "--json"])
         assert result.exit_code == 2, result.output
         error = json.loads(result.stdout)
         assert error["error"] == "OutputPathError"
-        assert error["message"] == (
-            f"{out}: has the {name} attribute (chattr +{letter}), so no package can be renamed into its place, not even by root"
-        )
-        assert error["hint"] == f"remove the {name} attribute: chattr -{letter} {out}, or choose another OUT"
-        assert list(out.iterdir()) == [] and hidden_siblings(tmp_path) == []
+        if where == "OUT":
+            assert error["message"] == (
+                f"{out}: has the {name} attribute (chattr +{letter}), so no package can be renamed into its place, not even by root"
+            )
+            assert error["hint"] == f"remove the {name} attribute: chattr -{letter} {out}, or choose another OUT"
+            assert list(out.iterdir()) == [] and hidden_siblings(parent) == []
+        else:
+            assert error["message"] == f"{out}: cannot create the package there: {parent} has the {name} attribute (chattr +{letter})" + (
+                "" if name == "immutable" else ", so the finished package could not be renamed into place nor its staging removed"
+            )
+            assert error["hint"] == f"remove the {name} attribute: chattr -{letter} {parent}, or choose another OUT"
+            assert list(parent.iterdir()) == []
+
+
+def test_a_new_out_below_an_append_only_directory_is_converted(fixture_copy, tmp_path):
+    """Where convert makes OUT's directory itself, inside an append-only one, the package is renamed in
+    the new directory, which has no attribute: nothing to refuse."""
+    src = fixture_copy(DENSE)
+    parent = tmp_path / "models"
+    parent.mkdir()
+    with attribute_set(parent, "a"):
+        assert run_convert(src, parent / "new" / "out").exit_code == 0
+        assert (parent / "new" / "out" / "quant_model_description.json").is_file()
+        assert sorted(p.name for p in (parent / "new").iterdir()) == ["out"]
 
 
 def test_refusals_are_checked_before_anything_is_created(fixture_copy, tmp_path):

@@ -26,7 +26,6 @@ import secrets
 import shutil
 import signal
 import stat
-import struct
 import sys
 import threading
 import time
@@ -43,6 +42,7 @@ from ascendconv.errors import (
     shown,
 )
 from ascendconv.io.files import identity, is_within
+from ascendconv.io.output import unchangeable_attribute
 
 STAGING_TAG = ".ascendconv-staging-"
 OLD_TAG = ".ascendconv-old-"
@@ -55,29 +55,6 @@ def looks_like_package(path: Path, marker: str) -> bool:
     """An earlier package: flat, regular files only, with its description `marker` among them."""
     entries = list(path.iterdir())
     return any(e.name == marker for e in entries) and all(e.is_file() and not e.is_symlink() for e in entries)
-
-
-# linux/fs.h: FS_IOC_GETFLAGS, _IOR('f', 1, long) as x86 and Arm number it (elsewhere the ioctl fails,
-# and nothing is known), and the two attributes that keep a directory from being removed or replaced.
-FS_IOC_GETFLAGS = (2 << 30) | (ctypes.sizeof(ctypes.c_long) << 16) | (ord("f") << 8) | 1
-_UNCHANGEABLE = ((0x10, "immutable", "i"), (0x20, "append-only", "a"))  # FS_IMMUTABLE_FL, FS_APPEND_FL
-
-
-def unchangeable_attribute(directory: Path) -> tuple[str, str] | None:
-    """('immutable', 'i') or ('append-only', 'a') for a directory with that attribute (chattr), which
-    then can be neither removed nor replaced, not even by root; None without, or where the file
-    system or the system does not say."""
-    try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        (flags,) = struct.unpack("i", fcntl.ioctl(fd, FS_IOC_GETFLAGS, bytes(4)))  # the kernel's is an int
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    return next(((name, letter) for bit, name, letter in _UNCHANGEABLE if flags & bit), None)
 
 
 def check_output(out: Path, source_root: Path, overwrite: bool, marker: str, source: str = "source") -> None:

@@ -11,8 +11,11 @@ file-size limit, an I/O error) into a named error, in one place.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
+import fcntl
 import os
+import struct
 from pathlib import Path
 from typing import Iterator
 
@@ -49,6 +52,29 @@ def existing_ancestor(path: Path) -> Path:
     return path
 
 
+# linux/fs.h: FS_IOC_GETFLAGS, _IOR('f', 1, long) as x86 and Arm number it (elsewhere the ioctl fails,
+# and nothing is known), and the two attributes that keep a directory from being removed or replaced.
+FS_IOC_GETFLAGS = (2 << 30) | (ctypes.sizeof(ctypes.c_long) << 16) | (ord("f") << 8) | 1
+_UNCHANGEABLE = ((0x10, "immutable", "i"), (0x20, "append-only", "a"))  # FS_IMMUTABLE_FL, FS_APPEND_FL
+
+
+def unchangeable_attribute(directory: Path) -> tuple[str, str] | None:
+    """('immutable', 'i') or ('append-only', 'a') for a directory with that attribute (chattr), which
+    then can be neither removed nor replaced, not even by root; None without, or where the file
+    system or the system does not say."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        (flags,) = struct.unpack("i", fcntl.ioctl(fd, FS_IOC_GETFLAGS, bytes(4)))  # the kernel's is an int
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return next(((name, letter) for bit, name, letter in _UNCHANGEABLE if flags & bit), None)
+
+
 def check_output_path(out: Path) -> None:
     """Refuse an OUT that cannot be created and filled, naming why (see also outdir.check_output)."""
     if out.name == ".." or out == Path("."):  # pathlib drops inner '.'; '/' is check_output's
@@ -57,6 +83,16 @@ def check_output_path(out: Path) -> None:
     _check_name_lengths(out, parent)
     if not parent.is_dir():
         raise OutputPathError(f"{out}: {parent} is not a directory")
+    attribute = unchangeable_attribute(parent)
+    if attribute is not None and (attribute[0] == "immutable" or parent == Path(os.path.abspath(out.parent))):
+        # nothing can be created in an immutable directory; in an append-only one the staging
+        # directory and the lock could be, but never renamed to OUT or removed again
+        name, letter = attribute
+        raise OutputPathError(
+            f"{out}: cannot create the package there: {parent} has the {name} attribute (chattr +{letter})"
+            + ("" if name == "immutable" else ", so the finished package could not be renamed into place nor its staging removed"),
+            f"remove the {name} attribute: chattr -{letter} {parent}, or choose another OUT",
+        )
     if not os.access(parent, os.W_OK | os.X_OK):
         try:
             read_only = os.statvfs(parent).f_flag & os.ST_RDONLY
