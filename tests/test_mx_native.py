@@ -29,6 +29,7 @@ from ascendconv.errors import (
     ScaleShapeError,
     StaticActivationError,
     UnsupportedSourceError,
+    UnrecognizedCheckpointError,
     UnsupportedTensorError,
 )
 from ascendconv.formats import elements, mx, relayout, requantize
@@ -499,6 +500,31 @@ def test_fused_mxfp4_refusals_say_why(tmp_path, edit, config_edit, error, words)
         with pytest.raises(errors.BlockedByTargetError) as caught:
             open_source(src)
         assert "BF16 re-upload" in caught.value.hint
+
+
+def without_quantization_config(config):
+    return {k: v for k, v in config.items() if k != "quantization_config"}
+
+
+@pytest.mark.parametrize("edit", [lambda o: o, gpt_oss_experts], ids=["vllm-names", "gpt-oss-names"])
+def test_fused_mxfp4_experts_without_a_quantization_config_are_refused(tmp_path, edit):
+    """A fused MXFP4 upload whose config.json lost its quantization_config was read as a plain float
+    checkpoint: its U8 payloads and E8M0 scales were copied as FLOAT 'values', the attention
+    quantized, exit 0, and verify passed the package, as FP8 tensors without a config are not."""
+    src = fused_mxfp4(tmp_path, edit, without_quantization_config)
+    layer = "model.layers.0.mlp.experts"
+    first = f"{layer}.w13_weight" if edit is not gpt_oss_experts else f"{layer}.gate_up_proj_blocks"
+    with pytest.raises(UnrecognizedCheckpointError) as caught:
+        open_source(src)
+    assert caught.value.message == (
+        f"{src}: holds U8 tensors (e.g. {first!r}, named as a quantized weight or its scale) but config.json has no "
+        "quantization_config"
+    )
+    assert "must describe its quantization in config.json" in caught.value.hint
+    for args in (["inspect", src], ["convert", src, tmp_path / "out", "--dry-run"], ["convert", src, tmp_path / "out"]):
+        result = runner.invoke(app, [str(a) for a in args])
+        assert result.exit_code == 3 and first in result.stderr, result.output
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("experts", [0, 3, 5])

@@ -17,10 +17,14 @@ from ascendconv.errors import BlockedByTargetError, NoQuantizableLinearError, Un
 from ascendconv.io.safetensors import TensorEntry
 from ascendconv.sources.base import WEIGHT_SUFFIX, Encoding, Source, SourceFormat, SourceLinear
 from ascendconv.sources.checkpoint import Checkpoint, expert_slices
-from ascendconv.sources.mxfp4_fused import GPT_OSS_HINT, GPT_OSS_TARGET
+from ascendconv.sources.mx_native import PACKED_SUFFIX
+from ascendconv.sources.mxfp4_fused import FUSED, GPT_OSS_HINT, GPT_OSS_TARGET, GPT_OSS_TENSORS
 
 FLOAT_DTYPES = ("BF16", "F16", "F32")
 FP8_DTYPES = ("F8_E4M3", "F8_E5M2", "F8_E8M0")
+# MX payloads and E8M0 scales are stored as bytes: a byte tensor is quantized by its name alone
+BYTE_DTYPES = ("U8", "I8")
+FUSED_MX_TENSORS = frozenset({*FUSED, *(f + "_scale" for f in FUSED)})  # vLLM's fused MXFP4 experts
 LINEAR_PROJECTIONS = frozenset({
     # attention
     "q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "query_key_value", "dense", "c_attn", "c_proj",
@@ -34,6 +38,20 @@ LINEAR_PROJECTIONS = frozenset({
     "in_proj_qkvz", "in_proj_ba", "in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b",
     "index_q_proj", "index_k_proj",
 })
+
+
+def is_quantized_payload(name: str, dtype: str) -> bool:
+    """Whether a tensor of a checkpoint without quantization_config holds quantized values: any FP8
+    tensor, and a byte tensor named as a projection's weight, a packed MXFP4 weight or fused MXFP4
+    experts (vLLM's, gpt-oss's). Copied as FLOAT, such bytes would be taken for values."""
+    if dtype in FP8_DTYPES:
+        return True
+    if dtype not in BYTE_DTYPES:
+        return False
+    module, _, leaf = name.rpartition(".")
+    if name.endswith(WEIGHT_SUFFIX):
+        return module.rpartition(".")[2] in LINEAR_PROJECTIONS
+    return leaf in FUSED_MX_TENSORS or name.endswith(PACKED_SUFFIX) or (".experts." in name and leaf.endswith(GPT_OSS_TENSORS))
 
 
 def is_quantizable(name: str, dtype: str, shape: tuple[int, ...]) -> bool:
@@ -67,10 +85,12 @@ class PlainFloat(SourceFormat):
     def open(self, checkpoint: Checkpoint, quant: None) -> Source:
         logical = split_fused_experts(checkpoint.tensors, checkpoint.config)
         tensors = checkpoint.tensors if logical is None else logical
-        fp8 = next((n for n, e in tensors.items() if e.dtype in FP8_DTYPES), None)
-        if fp8 is not None:
+        quantized = next((n for n, e in tensors.items() if e.dtype not in FLOAT_DTYPES and is_quantized_payload(n, e.dtype)), None)
+        if quantized is not None:
+            entry = tensors[quantized]
+            what = "" if entry.dtype in FP8_DTYPES else ", named as a quantized weight or its scale"
             raise UnrecognizedCheckpointError(
-                f"{checkpoint.root}: holds {tensors[fp8].dtype} tensors (e.g. {shown(fp8)}) but "
+                f"{checkpoint.root}: holds {entry.dtype} tensors (e.g. {shown(quantized)}{what}) but "
                 f"{checkpoint.config_path.name} has no quantization_config",
                 "a quantized checkpoint must describe its quantization in config.json; fix config.json or "
                 "download the checkpoint again",
