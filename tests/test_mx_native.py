@@ -264,6 +264,7 @@ def refused(src: Path, tmp_path: Path, error, words):
          or q["config_groups"].update(group_1={**q["config_groups"]["group_0"], "format": "mxfp4-pack-quantized"}),
          InexactSourceError, ["nvfp4-pack-quantized", "NVFP4", "per 16"]),
         ("ct-mxfp4", lambda q: q.update(ignore=["re:model.([0-9"]), ConfigError, ["not a regular expression"]),
+        ("ct-mxfp4", set_weight(symmetric=False), UnsupportedSourceError, ["group_0.weights.symmetric is False", "asymmetric"]),
         ("quark", lambda q: q["layer_quant_config"]["*.experts.*"]["weight"].update(dtype="fp6_e2m3"), InexactSourceError, ["fp6_e2m3", "FP6"]),
         ("quark", lambda q: q["layer_quant_config"]["*.experts.*"]["weight"].update(scale_format="fp8_e4m3"), UnsupportedSourceError, ["scale_format", "E8M0"]),
         ("quark", lambda q: q["layer_quant_config"]["*.experts.*"]["weight"].update(group_size=16), UnsupportedSourceError, ["group_size 16"]),

@@ -321,6 +321,8 @@ def edit_quant(**changes):
         (edit_quant(ignore="lm_head"), ConfigError, ["ignore"]),
         (edit_quant(config_groups={}), ConfigError, ["config_groups"]),
         (edit_quant(**{"activations.dynamic": False}), StaticActivationError, ["static activation"]),
+        # asymmetric weights were read as symmetric: their zero points copied as FLOAT tensors, ignored
+        (edit_quant(**{"weights.symmetric": False}), UnsupportedSourceError, ["group_0.weights.symmetric is False", "asymmetric"]),
     ],
 )
 def test_malformed_compressed_tensors_configs_are_named(tmp_path, edit, error, words):
@@ -359,11 +361,18 @@ def reshape_scale(target, shape):
     return lambda name, entry: {name: (entry[0], shape, entry[2][: 2 * int(np.prod(shape))])} if name == target else {name: entry}
 
 
+def zero_point(target):
+    """An asymmetric weight's zero point beside its scale (a config that says symmetric all the same)."""
+    return lambda name, entry: {name: entry, name.replace("_scale", "_zero_point"): entry} if name == target else {name: entry}
+
+
 @pytest.mark.parametrize(
     "tensor,error,words",
     [
         (drop("model.layers.1.mlp.down_proj.weight_scale"), MissingScaleError, ["down_proj.weight", "no", "weight_scale"]),
         (reshape_scale("model.layers.1.mlp.down_proj.weight_scale", (2, 1)), ScaleShapeError, ["[2, 1]", "[2, 2]"]),
+        (zero_point("model.layers.1.mlp.down_proj.weight_scale"), UnsupportedTensorError,
+         ["model.safetensors: tensor 'model.layers.1.mlp.down_proj.weight_zero_point' is a zero point of linear", "asymmetric"]),
     ],
 )
 def test_malformed_compressed_tensors_tensors_are_named(tmp_path, tensor, error, words):

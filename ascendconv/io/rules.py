@@ -36,6 +36,7 @@ STRAY_SCALE_SUFFIXES = {
 # (compressed-tensors MXFP4 stores the weight as `weight_packed`).
 PACKAGE_SUFFIXES = {".weight": "weight", MX_SCALE_SUFFIX: "scale"}
 INPUT_SCALE_SUFFIX = ".input_scale"  # a linear's static activation scale, in every format that writes one
+ZERO_POINT_SUFFIX = ".weight_zero_point"  # an asymmetric weight's offset: value = (code - zero point) x scale
 FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
 FP8_DTYPES = ("F8_E4M3", "F8_E5M2", "F8_E8M0")
 EXPERT_PROJECTIONS = GATE_UP_DOWN  # the roles, whatever a family names them (MiniMax: w1, w3, w2)
@@ -141,6 +142,12 @@ def check_source_tensors(root: Path, tensors: dict[str, TensorEntry], linears: d
         linear = linears.get(prefix)
         if linear is not None and dot + suffix == INPUT_SCALE_SUFFIX:
             raise StaticActivationError(f"{_where(name, entry)} is a static activation scale of linear {shown(prefix)}")
+        if linear is not None and dot + suffix == ZERO_POINT_SUFFIX:
+            raise UnsupportedTensorError(
+                f"{_where(name, entry)} is a zero point of linear {shown(prefix)}: its weights are asymmetric "
+                "((code - zero point) x scale), which no MX type holds",
+                "ascendconv reads symmetric weights only; convert a symmetric release of the model",
+            )
         role = PACKAGE_SUFFIXES.get(dot + suffix) if linear is not None else None
         if role is not None:
             made_from = linear.weight if role == "weight" else linear.scale

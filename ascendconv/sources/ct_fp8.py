@@ -85,6 +85,19 @@ def check_ignore(ignore: object, where: str) -> tuple[str, ...]:
     return tuple(ignore)
 
 
+def check_symmetric(weights: dict, at: str) -> None:
+    """A group's weights symmetric (compressed-tensors' default): an asymmetric group stores a
+    `weight_zero_point` per scale, value = (code - zero point) x scale, which no MX type holds and
+    vLLM's FP8 and MX schemes do not load."""
+    symmetric = weights.get("symmetric")
+    if symmetric is not None and symmetric is not True:  # null reads as absent, as every config key here
+        raise UnsupportedSourceError(
+            f"{at}.weights.symmetric is {shown(symmetric)}: asymmetric weights (a zero point beside each "
+            "scale) are not read",
+            "ascendconv reads symmetric compressed-tensors weights (symmetric: true, the default); convert a symmetric release",
+        )
+
+
 def parse_ct_fp8_config(config: dict, config_path: Path) -> CtFp8Config:
     quant, location = find_quantization_config(config)
     where = f"{config_path}: {location}"
@@ -113,6 +126,7 @@ def parse_ct_fp8_config(config: dict, config_path: Path) -> CtFp8Config:
                 f"{at}.weights.strategy is {shown(strategy)}; FP8 weights are read with strategy "
                 f"{', '.join(repr(s) for s in STRATEGIES)}"
             )
+        check_symmetric(weights, at)
         strategies.add(strategy)
         if strategy == "block":
             blocks.append(parse_block_tile(weights.get("block_structure"), f"{at}.weights.block_structure"))

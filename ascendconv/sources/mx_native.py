@@ -45,7 +45,7 @@ from ascendconv.io.files import read_json
 from ascendconv.io.safetensors import TensorEntry
 from ascendconv.sources.base import WEIGHT_SUFFIX, Encoding, Source, SourceFormat, SourceLinear, biases_by_module, new_linear
 from ascendconv.sources.checkpoint import Checkpoint, find_quantization_config
-from ascendconv.sources.ct_fp8 import CT_MIXED, OTHER_FORMATS, _formats, check_ignore
+from ascendconv.sources.ct_fp8 import CT_MIXED, OTHER_FORMATS, _formats, check_ignore, check_symmetric
 
 SCALE_SUFFIX = ".weight_scale"
 PACKED_SUFFIX = ".weight_packed"  # compressed-tensors' packed MXFP4 weight
@@ -192,6 +192,7 @@ def parse_ct_mx_config(config: dict, config_path: Path) -> CtMxConfig:
                 f"{at}.weights.group_size is {shown(weights.get('group_size'))}; MX groups are {GROUP_SIZE} values "
                 "(another size has no AscendV1 type)"
             )
+        check_symmetric(weights, at)
         activations = group.get("input_activations")
         if isinstance(activations, dict) and activations.get("dynamic") is False:
             raise StaticActivationError(f"{at}: static activation scales (input_activations.dynamic false)")
