@@ -318,6 +318,9 @@ def edit_quant(**changes):
         (edit_quant(**{"weights.num_bits": 4}), UnsupportedSourceError, ["with 4 bits"]),
         (edit_quant(**{"weights.block_structure": [128]}), ConfigError, ["block_structure"]),
         (edit_quant(ignore=["lm_head", "re:model.layers.([0-9"]), ConfigError, ["is not a regular expression"]),
+        # Python's compiler raises OverflowError and RecursionError for these, which went out as tracebacks (exit 1)
+        (edit_quant(ignore=["re:a{99999999999999999999}"]), ConfigError, ["is not a regular expression (the repetition number"]),
+        (edit_quant(ignore=["re:" + "(" * 5000 + ")" * 5000]), ConfigError, ["is not a regular expression (maximum recursion"]),
         (edit_quant(ignore="lm_head"), ConfigError, ["ignore"]),
         (edit_quant(config_groups={}), ConfigError, ["config_groups"]),
         (edit_quant(**{"activations.dynamic": False}), StaticActivationError, ["static activation"]),

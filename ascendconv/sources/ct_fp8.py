@@ -80,8 +80,12 @@ def check_ignore(ignore: object, where: str) -> tuple[str, ...]:
         if entry.startswith("re:"):
             try:
                 re.compile(entry[3:])
-            except re.error as exc:
-                raise ConfigError(f"{where}.ignore entry {shown(entry)} is not a regular expression ({exc})") from None
+            # the compiler raises the last two for a repetition count past its limit and for deep nesting
+            except (re.error, OverflowError, RecursionError) as exc:
+                raise ConfigError(
+                    f"{where}.ignore entry {shown(entry)} is not a regular expression ({exc})",
+                    "fix or remove the entry in config.json's ignore list",
+                ) from None
     return tuple(ignore)
 
 
