@@ -356,6 +356,40 @@ def test_a_mixed_precision_top_level_format_reads_the_groups_own(converted, tmp_
         open_source(src)
 
 
+def with_block_group(block):
+    """A second FP8-block group of another block_structure beside group_0's [128, 128]."""
+    def edit(config):
+        groups = config["quantization_config"]["config_groups"]
+        weights = {**groups["group_0"]["weights"], "block_structure": list(block)}
+        groups["group_1"] = {**groups["group_0"], "targets": ["re:.*mlp.*"], "weights": weights}
+        return config
+
+    return edit
+
+
+def test_a_scale_grid_two_block_groups_share_is_refused_unless_they_read_alike(converted, tmp_path):
+    """A [256, 192] weight's [2, 2] scale is the grid of a 128x128 block and of a 192x128 one, whose
+    tiles resolve different rows with different scales (rows 128..191): it was read with the first
+    group's tile, exit 0, and verify passed it. Where the tiles read alike (128x128 and 256x128 for a
+    64-row weight: one row of tiles either way) the weight is read as before."""
+    src = as_ct(FIXTURES / DENSE, tmp_path / "ct")
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps(with_block_group((192, 128))(config)))
+    with pytest.raises(ScaleShapeError) as caught:
+        open_source(src)
+    assert caught.value.message == (
+        "model.safetensors: 'model.layers.0.mlp.down_proj.weight_scale' has shape [2, 2], the scale grid of block 128x128 "
+        "and of block 192x128 for weight [256, 192]: which tile it has cannot be told"
+    )
+    assert "not by the group's targets" in caught.value.hint
+    result = runner.invoke(app, ["convert", str(src), str(tmp_path / "out")])
+    assert result.exit_code == 3 and "which tile it has cannot be told" in result.stderr
+    assert not (tmp_path / "out").exists()
+    (src / "config.json").write_text(json.dumps(with_block_group((256, 128))(config)))
+    convert(src, tmp_path / "out", ConvertOptions())
+    assert package_bytes(tmp_path / "out") == package_bytes(converted(DENSE, "w8a8-mxfp8"))
+
+
 def drop(target):
     return lambda name, entry: {} if name == target else {name: entry}
 

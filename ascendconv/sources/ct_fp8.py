@@ -9,7 +9,8 @@ multiplier (BF16, F16 or F32) per tile of the group's `weights.strategy`:
 Each is block FP8's math with its own tile, so the package bytes equal those of the same weights
 written as a Hugging Face block-FP8 checkpoint. `ignore` names the modules left unquantized
 (`re:` entries are regular expressions); `targets` name module classes, not tensors, so the
-pairing goes by tensor names and each scale's shape says which group's tile it has."""
+pairing goes by tensor names and each scale's shape says which group's tile it has (a shape that
+two groups' tiles would read differently is refused)."""
 
 from __future__ import annotations
 
@@ -143,21 +144,25 @@ def parse_ct_fp8_config(config: dict, config_path: Path) -> CtFp8Config:
                        location, dynamic)
 
 
-def tile_of(weight: TensorEntry, scale: TensorEntry, quant: CtFp8Config) -> tuple[int, int] | None:
-    """The tile a scale's shape stands for, among the configured strategies; None if none fits."""
+def tiles_of(weight: TensorEntry, scale: TensorEntry, quant: CtFp8Config) -> dict[tuple[int, int], str]:
+    """The tiles a scale's shape stands for among the configured strategies (tile -> what it is),
+    one per distinct reading: a tile side past the weight's reads as the weight's (a single row or
+    column of tiles either way)."""
     n, k = weight.shape
-    for bn, bk in quant.blocks:
-        if scale.shape == (math.ceil(n / bn), math.ceil(k / bk)):
-            return bn, bk
+    fits = [((bn, bk), f"block {bn}x{bk}") for bn, bk in quant.blocks if scale.shape == (math.ceil(n / bn), math.ceil(k / bk))]
     if "channel" in quant.strategies and scale.shape == (n, 1):
-        return 1, k
+        fits.append(((1, k), "channel"))
     if "tensor" in quant.strategies and math.prod(scale.shape) == 1 and len(scale.shape) <= 2:
-        return n, k
-    return None
+        fits.append(((n, k), "tensor"))
+    readings: dict[tuple[int, int], tuple[tuple[int, int], str]] = {}
+    for (bn, bk), what in fits:
+        readings.setdefault((min(bn, n), min(bk, k)), ((bn, bk), what))
+    return dict(readings.values())
 
 
 def pair_ct_fp8_linears(tensors: dict[str, TensorEntry], quant: CtFp8Config) -> dict[str, SourceLinear]:
     linears: dict[str, SourceLinear] = {}
+    readings: dict[tuple, dict[tuple[int, int], str]] = {}  # (weight shape, scale shape) -> tiles_of (a few dozen)
     for name, entry in tensors.items():
         prefix = fp8_weight_prefix(name, entry)
         if prefix is None:
@@ -173,8 +178,17 @@ def pair_ct_fp8_linears(tensors: dict[str, TensorEntry], quant: CtFp8Config) -> 
                 f"{scale.path.name}: {shown(scale.name)} is {scale.dtype}, expected one of {', '.join(SCALE_DTYPES)}",
                 "a compressed-tensors FP8 weight_scale is a float multiplier",
             )
-        tile = tile_of(entry, scale, quant)
-        if tile is None:
+        tiles = readings.get((entry.shape, scale.shape))
+        if tiles is None:
+            tiles = readings[(entry.shape, scale.shape)] = tiles_of(entry, scale, quant)
+        if len(tiles) > 1:  # groups of different block_structure whose grids coincide for this weight
+            raise ScaleShapeError(
+                f"{scale.path.name}: {shown(scale.name)} has shape {list(scale.shape)}, the scale grid of "
+                f"{' and of '.join(tiles.values())} for weight {list(entry.shape)}: which tile it has cannot be told",
+                "ascendconv tells a compressed-tensors group's tile by its scale's shape, not by the group's targets; "
+                "these groups' block structures give this weight the same grid",
+            )
+        if not tiles:
             n, k = entry.shape
             expected = [f"{[math.ceil(n / bn), math.ceil(k / bk)]} (block {bn}x{bk})" for bn, bk in quant.blocks]
             expected += [f"{[n, 1]} (channel)"] if "channel" in quant.strategies else []
@@ -184,7 +198,7 @@ def pair_ct_fp8_linears(tensors: dict[str, TensorEntry], quant: CtFp8Config) -> 
                 f"{' or '.join(expected)} for weight {list(entry.shape)}",
                 "check config_groups in config.json against the scale tensors",
             )
-        linears[prefix] = SourceLinear(prefix, entry, scale, tensors.get(prefix + ".bias"), tile)
+        linears[prefix] = SourceLinear(prefix, entry, scale, tensors.get(prefix + ".bias"), next(iter(tiles)))
     return linears
 
 
