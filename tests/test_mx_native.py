@@ -281,6 +281,25 @@ def test_malformed_mx_configs_are_named(tmp_path, name, edit, error, words):
     refused(edit_config(make(tmp_path, name), edit), tmp_path, error, words)
 
 
+def as_mxfp8_config(quant):
+    quant.update(format="mxfp8-quantized")
+    quant["config_groups"]["group_0"].update(format="mxfp8-quantized")
+    quant["config_groups"]["group_0"]["weights"].update(num_bits=8)
+
+
+def test_packed_mxfp4_weights_under_an_mxfp8_config_are_named_as_what_they_are(tmp_path):
+    """The message read "'P.weight_packed' is U8 [128, 64], but packed MXFP4 weights are U8": the
+    dtype was never the fault, the config's format was."""
+    src = edit_config(make(tmp_path, "ct-mxfp4"), as_mxfp8_config)
+    with pytest.raises(UnsupportedTensorError) as caught:
+        open_source(src)
+    assert caught.value.message == (
+        "model-00001-of-00003.safetensors: 'model.layers.0.mlp.experts.0.down_proj.weight_packed' is a packed MXFP4 weight "
+        "(U8 [128, 64]), but config.json names no mxfp4-pack-quantized format (only mxfp8-quantized)"
+    )
+    assert "quantization_config describes the checkpoint's tensors" in caught.value.hint
+
+
 def test_nvfp4_alone_is_refused_with_the_reason(tmp_path):
     src = edit_config(make(tmp_path, "ct-mxfp4"), lambda q: q.update(format="nvfp4-pack-quantized")
                       or q["config_groups"]["group_0"].pop("format"))

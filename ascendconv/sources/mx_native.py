@@ -234,6 +234,12 @@ class CompressedTensorsMx(SourceFormat):
                         )
                     linears[linear.prefix] = linear
             if name.endswith(PACKED_SUFFIX) and name[: -len(PACKED_SUFFIX)] not in linears:
+                if entry.dtype == "U8":  # a packed MXFP4 weight, of a format config.json does not name
+                    raise UnsupportedTensorError(
+                        f"{entry.path.name}: {shown(name)} is a packed MXFP4 weight (U8 {list(entry.shape)}), but "
+                        f"config.json names no mxfp4-pack-quantized format (only {', '.join(quant.formats)})",
+                        "check that config.json's quantization_config describes the checkpoint's tensors",
+                    )
                 raise UnsupportedTensorError(
                     f"{entry.path.name}: {shown(name)} is {entry.dtype} {list(entry.shape)}, but packed MXFP4 weights are U8"
                     + ("" if "mxfp4-pack-quantized" in quant.formats else " (and config.json names no mxfp4-pack-quantized format)")
