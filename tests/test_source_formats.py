@@ -18,6 +18,7 @@ from ascendconv.convert import ConvertOptions, convert
 from ascendconv.errors import (
     ConfigError,
     MissingScaleError,
+    OrphanScaleError,
     ScaleDtypeError,
     ScaleShapeError,
     StaticActivationError,
@@ -268,6 +269,26 @@ def test_a_deepseek_v4_scale_of_another_dtype_is_hinted_in_its_own_spelling(tmp_
         open_source(src)
     assert f"{scale}' is BF16, expected one of F8_E8M0, F32" in caught.value.message, caught.value.message
     assert caught.value.hint == "each 'scale' tensor must be F8_E8M0 or F32"
+
+
+@pytest.mark.parametrize("renamed", ["model.layers.0.self_attn.q_a_proj.scale", "model.norm.weight"], ids=["missing", "orphan"])
+def test_a_deepseek_v4_scale_missing_or_orphaned_is_hinted_in_its_own_spelling(tmp_path, renamed):
+    """Both hints named 'weight_scale_inv', a tensor DeepSeek-V4's layout does not have."""
+    def tensor(name, entry):
+        if name != renamed:
+            return {name: entry}
+        return {"model.norm.scale": entry, name: entry} if name == "model.norm.weight" else {}
+
+    src = respell(as_ds_v4(FIXTURES / DEEPSEEK, tmp_path / "v4", "F8_E8M0"), tmp_path / "bad", tensor, lambda c: c)
+    if renamed == "model.norm.weight":
+        refused_with(src, OrphanScaleError,
+                     "model-00002-of-00002.safetensors: scale 'model.norm.scale' has no F8_E4M3 weight: 'model.norm.weight' is BF16",
+                     "a scale has no F8_E4M3 weight beside it; the checkpoint is incomplete")
+    else:
+        refused_with(src, MissingScaleError,
+                     "model-00001-of-00002.safetensors: F8_E4M3 weight 'model.layers.0.self_attn.q_a_proj.weight' has no "
+                     "'model.layers.0.self_attn.q_a_proj.scale' in any shard",
+                     "every F8_E4M3 weight needs its scale; the checkpoint is incomplete")
 
 
 def test_a_stray_weight_scale_inv_beside_deepseek_v4_scales_is_refused_as_verify_would(tmp_path):

@@ -201,7 +201,8 @@ def _pair_naming_faults(
             if weight is None or weight.dtype != "F8_E4M3":
                 found = "is missing" if weight is None else f"is {weight.dtype}"
                 raise OrphanScaleError(
-                    f"{entry.path.name}: scale {shown(name)} has no F8_E4M3 weight: {shown(weight_name)} {found}"
+                    f"{entry.path.name}: scale {shown(name)} has no F8_E4M3 weight: {shown(weight_name)} {found}",
+                    f"a {scale_suffix[1:]} has no F8_E4M3 weight beside it; the checkpoint is incomplete",
                 )
             continue
         if entry.dtype not in fp8_dtypes:
@@ -223,7 +224,8 @@ def _pair_naming_faults(
                 linears[prefix] = new_linear(prefix, entry, per_tensor, get(prefix + BIAS_SUFFIX), shape, Encoding.FP8_TILES)
                 continue
             raise MissingScaleError(
-                f"{entry.path.name}: F8_E4M3 weight {shown(name)} has no {shown(prefix + scale_suffix)} in any shard"
+                f"{entry.path.name}: F8_E4M3 weight {shown(name)} has no {shown(prefix + scale_suffix)} in any shard",
+                f"every F8_E4M3 weight needs its {scale_suffix[1:]}; the checkpoint is incomplete",
             )
         if scale.dtype not in scale_dtypes:
             raise ScaleDtypeError(
