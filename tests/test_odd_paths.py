@@ -58,6 +58,19 @@ def test_a_report_name_too_long_to_write_is_refused_before_the_checks(converted,
     assert data["hint"] == "choose a shorter name"  # not 'a directory you may write to'
 
 
+def replace_by_no_regular_file(path, kind: str, tmp_path) -> str:
+    """`path` made a dangling link (a download not finished), a FIFO or a directory; returns how the
+    errors say what it is."""
+    path.unlink()
+    if kind == "dangling link":
+        path.symlink_to(tmp_path / "blob-not-downloaded")
+    elif kind == "FIFO":
+        os.mkfifo(path)
+    else:
+        path.mkdir()
+    return "is a symbolic link to a file that does not exist" if kind == "dangling link" else "is not a regular file"
+
+
 @pytest.mark.parametrize("kind", ["dangling link", "FIFO", "directory"])
 def test_a_shard_that_is_no_regular_file_without_an_index_is_missing(tmp_path, kind):
     """Without an index the shards are the *.safetensors files: one that is a dangling link (a
@@ -65,20 +78,29 @@ def test_a_shard_that_is_no_regular_file_without_an_index_is_missing(tmp_path, k
     the final norm here), verify --source passing it."""
     src = copy(MOE, tmp_path / "src")
     (src / "model.safetensors.index.json").unlink()
-    shard = src / "model-00003-of-00003.safetensors"
-    shard.unlink()
-    if kind == "dangling link":
-        shard.symlink_to(tmp_path / "blob-not-downloaded")
-    elif kind == "FIFO":
-        os.mkfifo(shard)
-    else:
-        shard.mkdir()
-    found = "is a symbolic link to a file that does not exist" if kind == "dangling link" else "is not a regular file"
+    found = replace_by_no_regular_file(src / "model-00003-of-00003.safetensors", kind, tmp_path)
     for args in (["convert", src, tmp_path / "out"], ["inspect", src]):
         data = envelope(*args, code=3)
         assert data["error"] == "MissingShardError"
         assert data["message"] == f"{src}: shard 'model-00003-of-00003.safetensors' {found}"
         assert data["hint"] == "the download is incomplete; fetch the missing shard"
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("kind", ["dangling link", "FIFO", "directory"])
+def test_an_index_that_is_no_regular_file_is_refused_not_taken_for_none(tmp_path, kind):
+    """An index that is a dangling link (its blob not downloaded), a FIFO or a directory was taken
+    for no index: the shards there were converted as the whole checkpoint, and with the last one not
+    downloaded the package came out without lm_head and the final norm, exit 0, verify passing it."""
+    src = copy(MOE, tmp_path / "src")
+    index = src / "model.safetensors.index.json"
+    (src / "model-00003-of-00003.safetensors").unlink()
+    found = replace_by_no_regular_file(index, kind, tmp_path)
+    for args in (["convert", src, tmp_path / "out"], ["convert", src, tmp_path / "out", "--dry-run"], ["inspect", src]):
+        data = envelope(*args, code=3)
+        assert data["error"] == "IndexMismatchError"
+        assert data["message"] == f"{index} {found}: it names the shards, so a missing one cannot be told"
+        assert data["hint"] == "the download is incomplete; fetch the index (or remove it where the checkpoint has none)"
     assert not (tmp_path / "out").exists()
 
 

@@ -88,7 +88,15 @@ def discover_shards(root: Path, index_name: str = INDEX_NAME) -> tuple[list[Path
     Returns the shard paths (sorted) and the index's weight_map when there is an index.
     """
     index_path = root / index_name
-    if index_path.is_file():
+    if os.path.lexists(index_path) and not is_regular(index_path):
+        # taken for no index, the shards left would be converted as the whole checkpoint, whichever
+        # the index names that are missing
+        found = "is not a regular file" if os.path.exists(index_path) else "is a symbolic link to a file that does not exist"
+        raise IndexMismatchError(
+            f"{index_path} {found}: it names the shards, so a missing one cannot be told",
+            "the download is incomplete; fetch the index (or remove it where the checkpoint has none)",
+        )
+    if os.path.lexists(index_path):
         index = read_json(index_path, IndexMismatchError)
         weight_map = index.get("weight_map") if isinstance(index, dict) else None
         if not isinstance(weight_map, dict):
