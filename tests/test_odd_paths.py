@@ -190,3 +190,37 @@ def test_a_float_checkpoint_without_a_linear_is_named(tmp_path):
         assert data["error"] == "NoQuantizableLinearError"
         assert data["message"].startswith(f"{src}: no quantizable float linear")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_cached_file_whose_blob_is_gone_is_refused_not_left_out(tmp_path, monkeypatch):
+    """A snapshot file links to its blob; with the blob gone (a cache cleaned by hand, a download cut
+    short) tokenizer.json was left out with a warning that it 'is not a regular file', and the
+    package came out without it, exit 0, verify passing it."""
+    repo = tmp_path / "hub" / "models--Org--Tiny"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (repo / "blobs").mkdir()
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    for number, file in enumerate(sorted((FIXTURES / DENSE).iterdir())):
+        shutil.copyfile(file, repo / "blobs" / f"blob{number}")
+        (snapshot / file.name).symlink_to(f"../../blobs/blob{number}")
+    blob = (snapshot / "tokenizer.json").resolve()
+    blob.unlink()
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    for args in (["convert", "Org/Tiny", tmp_path / "out"], ["convert", "Org/Tiny", tmp_path / "out", "--dry-run"], ["inspect", "Org/Tiny"]):
+        data = envelope(*args, code=3)
+        assert data["error"] == "NotCachedError"
+        assert data["message"] == f"{snapshot / 'tokenizer.json'}: the Hugging Face cache holds no blob for it ({blob} does not exist)"
+        assert data["hint"] == f"the cache is damaged or a download was cut short: `hf download Org/Tiny --revision {commit}` fetches the missing file"
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_dangling_link_beside_the_shards_is_left_out_saying_so(tmp_path):
+    src = copy(DENSE, tmp_path / "src")
+    (src / "extra.json").symlink_to("gone.json")
+    data = envelope("convert", src, tmp_path / "out", code=0)
+    # it was "it is not a regular file"
+    assert data["skipped_files"] == {"extra.json": f"it is a symbolic link to {src / 'gone.json'}, which does not exist"}
+    assert not os.path.lexists(tmp_path / "out" / "extra.json")

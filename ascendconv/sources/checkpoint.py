@@ -15,12 +15,14 @@ from ascendconv.errors import (
     DuplicateTensorError,
     IndexMismatchError,
     MissingShardError,
+    NotCachedError,
     NotFoundError,
     UnrecognizedCheckpointError,
     UnsupportedTensorError,
     shown,
 )
 from ascendconv.io.files import MAX_COPIED_BYTES, is_regular, is_text, is_within, read_json
+from ascendconv.io.hfcache import cached_repo
 from ascendconv.io.safetensors import SafetensorsHeader, TensorEntry, TensorReader, read_header
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -254,11 +256,13 @@ class Checkpoint:
         Hugging Face cache's blob store when the source is a cache snapshot (whose files link there),
         or that link to the file of their own name beside a shard's real file (a link farm of the
         checkpoint, `cp -rs` or `ln -s ckpt/* .`: the directory the weights are read from): a link
-        to /proc/self/environ or a secret elsewhere must never end up in a package.
+        to /proc/self/environ or a secret elsewhere must never end up in a package. A snapshot file
+        whose blob is gone is NotCachedError: the download is incomplete.
         """
         real_root = Path(os.path.realpath(self.root))
         allowed = [real_root]
-        if real_root.parent.name == "snapshots":
+        snapshot = real_root.parent.name == "snapshots"
+        if snapshot:
             allowed.append(real_root.parent.parent / "blobs")
         shard_dirs = {Path(os.path.realpath(header.path)).parent for header in self.headers}
         safe: list[str] = []
@@ -270,6 +274,15 @@ class Checkpoint:
             linked_beside_shards = real.name == path.name and real.parent in shard_dirs
             if not linked_beside_shards and not any(is_within(real, base) for base in allowed):
                 refused[path.name] = f"it links outside the source directory (to {real})"
+            elif not os.path.lexists(real):
+                if snapshot:  # the cache lost its blob: a package without the file would pass for complete
+                    repo = cached_repo(self.root)
+                    again = f"hf download {repo[0]} --revision {repo[1]}" if repo else "hf download REPO --revision REV"
+                    raise NotCachedError(
+                        f"{path}: the Hugging Face cache holds no blob for it ({real} does not exist)",
+                        f"the cache is damaged or a download was cut short: `{again}` fetches the missing file",
+                    )
+                refused[path.name] = f"it is a symbolic link to {real}, which does not exist"
             elif not real.is_file():
                 refused[path.name] = "it is not a regular file"
             elif not is_text(path.name):  # the package's provenance (JSON, UTF-8) could not name it
