@@ -32,7 +32,8 @@ from ascendconv.families import (
 
 __all__ = [
     "FAMILIES", "GATE_UP_DOWN", "GENERIC", "INDEXER_WK_REASON", "KV_B_REASON", "MTP_REASON", "VISION_REASON",
-    "AddedTensor", "Family", "LackingHead", "ModelRules", "config_value", "expert_count", "model_type_of", "rules_for",
+    "AddedTensor", "Family", "LackingHead", "ModelRules", "config_value", "expert_count", "model_type_of", "odd_expert_count",
+    "rules_for",
 ]  # fmt: skip
 
 ROUTED_MEMO_LIMIT = 2**20  # names remembered by routed_expert: past any checkpoint, bounded for a long-lived caller
@@ -82,6 +83,17 @@ def expert_count(config: dict) -> int | None:
         value = config_value(config, key)
         if isinstance(value, int) and not isinstance(value, bool):
             return value
+    return None
+
+
+def odd_expert_count(config: dict) -> str | None:
+    """What is wrong with a routed-expert count config.json gives that is no integer ("4", 4.0,
+    true), or None. expert_count passes over such a value, so nothing would hold the experts to it,
+    while vLLM sizes each MoE layer by it and fails to load the model."""
+    for key in EXPERT_COUNT_KEYS:
+        value = config_value(config, key)
+        if value is not None and not (isinstance(value, int) and not isinstance(value, bool)):
+            return f"config.json's {key} is {shown(value)} ({type(value).__name__}), not a count of routed experts"
     return None
 
 

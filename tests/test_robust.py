@@ -579,6 +579,41 @@ def test_expert_count_disagreeing_with_config_is_refused_up_front(fixture_copy, 
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("key,value,shown", [
+    ("num_experts", "4", "'4' (str)"),
+    ("num_experts", 4.0, "4.0 (float)"),
+    ("num_experts", True, "True (bool)"),
+    ("num_local_experts", "4", "'4' (str)"),
+])
+def test_an_expert_count_that_is_no_integer_is_refused_up_front(fixture_copy, tmp_path, key, value, shown):
+    """It was passed over as if absent: the experts were held to no count and the package, exit 0,
+    verify passing it, carried a config.json by which vLLM cannot size the MoE layers."""
+    src = fixture_copy(MOE)
+    edit_json(src / "config.json", lambda c: c.update({key: value}))
+    for command in (("convert", src, tmp_path / "out", "--json"), ("convert", src, tmp_path / "out", "--dry-run", "--json"),
+                    ("inspect", src, "--json")):
+        result = invoke(*command)
+        assert_clean(result, command[0])
+        assert result.exit_code == 3, result.output
+        error = json_error(result)
+        assert (error["error"], error["message"], error["hint"]) == (
+            "ConfigError",
+            f"config.json's {key} is {shown}, not a count of routed experts: model.layers.0.mlp has 4 experts",
+            "write the count as an integer, as vLLM reads it (it sizes each MoE layer by it)",
+        )
+    assert not (tmp_path / "out").exists()
+
+
+def test_verify_fails_a_package_whose_expert_count_is_no_integer(package_copy):
+    pkg = package_copy()
+    edit_json(pkg / "config.json", lambda c: c.update(num_experts="4"))
+    result = invoke("verify", pkg, "--json")
+    assert result.exit_code == 1, result.output
+    coverage = next(c for c in json.loads(result.stdout)["checks"] if c["name"] == "coverage")
+    assert coverage["ok"] is False
+    assert "config.json's num_experts is '4' (str), not a count of routed experts: model.layers.0.mlp has 4 experts" in coverage["problems"]
+
+
 def test_huge_expert_number_in_a_description_is_checked_at_once(package_copy):
     pkg = package_copy()
     name = "model.layers.0.mlp.experts.999999999.gate_proj.weight"

@@ -13,6 +13,7 @@ from typing import Iterable
 
 from ascendconv.ascendv1 import DESCRIPTION_FIELDS
 from ascendconv.errors import (
+    ConfigError,
     IncompleteMoEError,
     StaticActivationError,
     UnrecognizedCheckpointError,
@@ -21,7 +22,7 @@ from ascendconv.errors import (
     shown,
 )
 from ascendconv.io.safetensors import TensorEntry
-from ascendconv.models import GATE_UP_DOWN, expert_count, rules_for
+from ascendconv.models import GATE_UP_DOWN, expert_count, odd_expert_count, rules_for
 
 # Keys of quant_model_description.json besides the tensor names: a tensor of one of these names
 # would be overwritten by (or taken for) the field.
@@ -40,6 +41,7 @@ ZERO_POINT_SUFFIX = ".weight_zero_point"  # an asymmetric weight's offset: value
 FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
 FP8_DTYPES = ("F8_E4M3", "F8_E5M2", "F8_E8M0")
 EXPERT_PROJECTIONS = GATE_UP_DOWN  # the roles, whatever a family names them (MiniMax: w1, w3, w2)
+EXPERT_COUNT_HINT = "write the count as an integer, as vLLM reads it (it sizes each MoE layer by it)"
 MAX_EXPERT_DIGITS = 9  # expert numbers beyond any model; int() of a huge digit string is never tried
 
 
@@ -88,6 +90,9 @@ def moe_coverage_problems(names: Iterable[str], config: dict | None, where: str)
 def _coverage_problems(layers: dict[str, dict[int, dict[str, str]]], config: dict | None, where: str) -> list[str]:
     problems = []
     configured = expert_count(config) if isinstance(config, dict) else None  # models.py: the one reading
+    odd = odd_expert_count(config) if layers and isinstance(config, dict) else None
+    if odd:
+        problems.append(f"{odd}: {_first_layer_count(layers)}")
     for layer, experts in layers.items():
         count = max(experts) + 1
         absent = count - len(experts)
@@ -102,6 +107,12 @@ def _coverage_problems(layers: dict[str, dict[int, dict[str, str]]], config: dic
         if configured is not None and count != configured:
             problems.append(f"{clip(layer)} has {count} experts but config.json says {configured}")
     return problems
+
+
+def _first_layer_count(layers: dict[str, dict[int, dict[str, str]]]) -> str:
+    """How many experts the first MoE layer holds, as the count config.json should state."""
+    layer, experts = next(iter(layers.items()))
+    return f"{clip(layer)} has {max(experts) + 1} experts"
 
 
 def _where(name: str, entry: TensorEntry) -> str:
@@ -185,7 +196,11 @@ def check_source_tensors(root: Path, tensors: dict[str, TensorEntry], linears: d
     # over the names the package gives them: a linear's weight is `<prefix>.weight` (an MX weight
     # stored as `weight_packed` too), every other tensor keeps its name
     modules = [*linears, *(n[: -len(".weight")] for n in odd_names if n in unpaired and n.endswith(".weight"))]
-    problems = _coverage_problems(_moe_layers(modules, config), config, f"{root}")
+    layers = _moe_layers(modules, config)
+    odd = odd_expert_count(config) if layers else None
+    if odd:
+        raise ConfigError(f"{odd}: {_first_layer_count(layers)}", EXPERT_COUNT_HINT)
+    problems = _coverage_problems(layers, config, f"{root}")
     if problems:
         raise IncompleteMoEError(problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
     return odd_names  # no description field among them (that raised above): the unpaired tensors
