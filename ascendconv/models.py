@@ -97,11 +97,6 @@ def odd_expert_count(config: dict) -> str | None:
     return None
 
 
-def _int(config: dict, key: str) -> int | None:
-    value = config_value(config, key)
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 @dataclass(frozen=True)
 class AddedTensor:
     """A tensor the package adds (families.HeadCopy made concrete): `name` is a copy of the source
@@ -357,24 +352,26 @@ def rules_for(config: dict | None, names: Iterable[str] = ()) -> ModelRules:
     stated = config_value(config, "model_type")
     odd = None if stated is None or isinstance(stated, str) else f"{shown(stated)} ({type(stated).__name__})"
     model_type = model_type_of(config)
-    num_hidden_layers = _int(config, "num_hidden_layers")
-    mtp_layer_count = _mtp_layer_count(config)
+    num_hidden_layers = _layer_count(
+        config, "num_hidden_layers", "decoder layers", "write it as an integer, the number of decoder layers (vLLM builds that many)"
+    )
+    mtp_layer_count = _layer_count(
+        config, "num_nextn_predict_layers", "MTP layers", 'write it as an integer, e.g. "num_nextn_predict_layers": 1 (vLLM reads it as one)'
+    )
     undeclared = _undeclared_mtp_layers(_BY_TYPE.get(model_type, GENERIC), names, num_hidden_layers, mtp_layer_count)
     tied = config_value(config, "tie_word_embeddings") is True
     return _rules(model_type, num_hidden_layers, mtp_layer_count, odd, undeclared, tied)
 
 
-def _mtp_layer_count(config: dict) -> int | None:
-    """num_nextn_predict_layers, None if absent. vLLM's DeepSeek MTP model numbers its layers as
-    range(num_hidden_layers, num_hidden_layers + num_nextn_predict_layers), so anything but a count
-    fails there: refused here, naming it."""
-    value = config_value(config, "num_nextn_predict_layers")
+def _layer_count(config: dict, key: str, layers: str, hint: str) -> int | None:
+    """num_hidden_layers or num_nextn_predict_layers, None if absent. vLLM builds range(num_hidden_layers)
+    decoder layers and its DeepSeek MTP model numbers its layers as range(num_hidden_layers,
+    num_hidden_layers + num_nextn_predict_layers), so anything but a count fails there: refused here,
+    naming it (passed over, the MTP layers would be numbered from no layer)."""
+    value = config_value(config, key)
     if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
         return value
-    raise ConfigError(
-        f"config.json's num_nextn_predict_layers is {shown(value)} ({type(value).__name__}), not a count of MTP layers",
-        'write it as an integer, e.g. "num_nextn_predict_layers": 1 (vLLM reads it as one)',
-    )
+    raise ConfigError(f"config.json's {key} is {shown(value)} ({type(value).__name__}), not a count of {layers}", hint)
 
 
 def _undeclared_mtp_layers(family: Family, names: Iterable[str], first: int | None, declared: int | None) -> tuple[int, ...]:

@@ -497,6 +497,18 @@ def test_a_second_mtp_layer_past_the_declared_count_is_mtp_too():
     assert rules_for({**GLM, "num_hidden_layers": 2}, spec).undeclared_mtp_layers == ()
 
 
+@pytest.mark.parametrize("value,shown", [("1", "'1' (str)"), (1.0, "1.0 (float)"), (True, "True (bool)"), (-1, "-1 (int)")])
+def test_num_hidden_layers_that_is_no_count_is_refused(value, shown):
+    """It was passed over as if absent: the MTP layers were numbered from no layer (a GLM-5 MTP
+    layer then planned as undeclared, 'config.json has no num_hidden_layers'), and the package,
+    exit 0, carried a config.json by which vLLM cannot build the model."""
+    with pytest.raises(ConfigError) as caught:
+        rules_for({**GLM, "num_hidden_layers": value})
+    assert caught.value.message == f"config.json's num_hidden_layers is {shown}, not a count of decoder layers"
+    assert caught.value.hint == "write it as an integer, the number of decoder layers (vLLM builds that many)"
+    assert rules_for({**GLM, "num_hidden_layers": None}).num_hidden_layers is None  # null: absent
+
+
 @pytest.mark.parametrize("value", ["1", 1.0, True, -1, [1]])
 def test_num_nextn_predict_layers_that_is_no_count_is_refused(value):
     with pytest.raises(ConfigError) as caught:
