@@ -132,3 +132,17 @@ def tree_snapshot(root: Path) -> dict[str, tuple[int, int]]:
         for p in sorted(root.rglob("*"))
         if not p.is_dir()
     }
+
+
+def replace_by_no_regular_file(path, kind: str, tmp_path) -> str:
+    """`path` made (in place of any file there) a dangling link (a download not finished), a FIFO or a
+    directory; returns how the shard errors say what it is."""
+    if os.path.lexists(path):
+        path.unlink()
+    if kind == "dangling link":
+        path.symlink_to(tmp_path / "blob-not-downloaded")
+    elif kind == "FIFO":
+        os.mkfifo(path)
+    else:
+        path.mkdir()
+    return "is a symbolic link to a file that does not exist" if kind == "dangling link" else "is not a regular file"

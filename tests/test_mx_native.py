@@ -38,6 +38,7 @@ from ascendconv.sources import open_source
 from ascendconv.verify import VerifyOptions, verify
 from conftest import FIXTURES, as_array, load_shard, save_shard
 from mx_sources import MXFP4, MXFP8, as_mx, as_vllm_fused, experts_mxfp4, source_tensors
+from robust_helpers import replace_by_no_regular_file
 from test_source_formats import refused_with, respell
 
 runner = CliRunner()
@@ -230,6 +231,21 @@ def test_modelopt_described_by_hf_quant_config_json_only(tmp_path):
     assert not (out / "hf_quant_config.json").exists()  # vLLM would take it for the package's quantization
     assert "quantization_config" not in json.loads((out / "config.json").read_text())
     assert verify(out, VerifyOptions(source=src)).ok
+
+
+@pytest.mark.parametrize("kind", ["dangling link", "FIFO", "directory"])
+def test_an_hf_quant_config_json_that_is_no_regular_file_is_named(tmp_path, kind):
+    """It was taken for none: the ModelOpt checkpoint it describes was refused as FP8 tensors with
+    'config.json has no quantization_config' (a dangling link: its blob not downloaded)."""
+    src = make(tmp_path, "modelopt")
+    config = json.loads((src / "config.json").read_text())
+    del config["quantization_config"]
+    (src / "config.json").write_text(json.dumps(config))
+    path = src / "hf_quant_config.json"
+    replace_by_no_regular_file(path, kind, tmp_path)
+    found = {"dangling link": "cannot read (No such file or directory)", "FIFO": "is a FIFO, not a regular file",
+             "directory": "is a directory, not a regular file"}[kind]
+    refused(src, tmp_path, ConfigError, [f"{path}: {found}"])
 
 
 # --- refusals --------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from ascendconv.cli import app
 from conftest import FIXTURES
+from robust_helpers import replace_by_no_regular_file
 
 runner = CliRunner()
 DENSE, MOE = "qwen3-dense-fp8", "qwen3-moe-fp8"
@@ -56,19 +57,6 @@ def test_a_report_name_too_long_to_write_is_refused_before_the_checks(converted,
     data = envelope("verify", converted(DENSE), "--report", report, code=2)
     assert data["error"] == "OutputPathError" and "cannot be written (File name too long)" in data["message"]
     assert data["hint"] == "choose a shorter name"  # not 'a directory you may write to'
-
-
-def replace_by_no_regular_file(path, kind: str, tmp_path) -> str:
-    """`path` made a dangling link (a download not finished), a FIFO or a directory; returns how the
-    errors say what it is."""
-    path.unlink()
-    if kind == "dangling link":
-        path.symlink_to(tmp_path / "blob-not-downloaded")
-    elif kind == "FIFO":
-        os.mkfifo(path)
-    else:
-        path.mkdir()
-    return "is a symbolic link to a file that does not exist" if kind == "dangling link" else "is not a regular file"
 
 
 @pytest.mark.parametrize("kind", ["dangling link", "FIFO", "directory"])

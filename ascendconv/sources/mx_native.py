@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -437,7 +438,7 @@ MODELOPT_CONFIG = "hf_quant_config.json"  # ModelOpt's own description beside co
 def modelopt_quantization_config(root: Path) -> dict | None:
     """hf_quant_config.json as a quantization_config (`quant_method: modelopt`), or None."""
     path = root / MODELOPT_CONFIG
-    if not path.is_file():
+    if not os.path.lexists(path):  # one that is there but no regular file is named, not taken for none
         return None
     data = read_json(path, ConfigError)
     quantization = data.get("quantization") if isinstance(data, dict) else None
