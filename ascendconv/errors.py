@@ -193,7 +193,7 @@ class UnreadableInputError(InputError):
 
 
 class ConfigError(InputError):
-    pass
+    default_hint = "fix the file named (config.json, or the quantization config beside it), or download the checkpoint again"
 
 
 class HeaderError(InputError):

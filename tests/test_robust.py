@@ -247,6 +247,8 @@ def test_hostile_quantization_config(fixture_copy, tmp_path, case):
         result = invoke(*command)
         assert_clean(result, command[0])
         assert result.exit_code == 3 and json_error(result)["error"] == "ConfigError", result.output
+        # it had no hint
+        assert json_error(result)["hint"] == "fix the file named (config.json, or the quantization config beside it), or download the checkpoint again"
 
 
 def test_config_nested_too_deep(fixture_copy, tmp_path):

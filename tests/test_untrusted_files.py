@@ -404,7 +404,7 @@ def test_a_huge_integer_in_a_resume_ledger_is_a_ledger_error_in_our_words(tmp_pa
 
 
 @pytest.mark.parametrize("fixture, file, error, what, hint", [
-    (DENSE, "config.json", "ConfigError", "{path}", "replace it with an intact copy (download it again)"),
+    (DENSE, "config.json", "ConfigError", "{path}", "fix the file named (config.json, or the quantization config beside it), or download the checkpoint again"),
     (DENSE, "model.safetensors", "HeaderError", "{path}: the header", "the file is corrupt or not a safetensors file; download it again"),
     ("qwen3-moe-fp8", "model.safetensors.index.json", "IndexMismatchError", "{path}",
      "the index and the shards disagree; download the checkpoint again"),
