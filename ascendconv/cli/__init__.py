@@ -21,7 +21,7 @@ from rich.markup import escape
 from typer.core import TyperGroup, TyperOption
 
 from ascendconv import __version__
-from ascendconv.cli.console import err, leave_broken_pipe, out, terminal_safe
+from ascendconv.cli.console import err, leave_broken_pipe, lose_stderr, out, terminal_safe
 from ascendconv.cli.envelope import dump_envelope, error_envelope, usage_hint
 from ascendconv.errors import EXIT_INTERRUPTED, AscendconvError, Interrupted, file_system_error, out_of_memory, unreadable
 
@@ -57,11 +57,14 @@ class CommandLine(TyperGroup):
                 command = next((a for a in argv if a in self.commands), None)
                 report(command, type(exc).__name__, exc.format_message(), hint, exc.exit_code, as_json=True)
             else:
-                exc.show()
+                try:
+                    exc.show()  # Click's own writing, to stderr
+                except OSError:
+                    lose_stderr()
                 show_hint(hint)
             sys.exit(exc.exit_code)
         except typer.Abort:
-            typer.echo("Aborted!", err=True)
+            err.print("Aborted!", highlight=False)
             sys.exit(1)
         except MemoryError as exc:
             # the one net for every command and every step of it (a lazy import, the library, the

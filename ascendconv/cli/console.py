@@ -17,9 +17,17 @@ def leave_broken_pipe() -> NoReturn:
     """The reader of stdout left (`ascendconv inspect X | head`): end quietly with the shell's code
     for that, 141. Click and rich would exit 1, which is verify's "a check failed". What is still
     buffered for stdout goes nowhere, also when the interpreter flushes at exit."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
+    discard(sys.stdout)
     raise SystemExit(EXIT_BROKEN_PIPE)
+
+
+def discard(stream) -> None:
+    """Point `stream`'s descriptor at /dev/null: what is still buffered for it, and every later write
+    (ours, a library's, the interpreter's flush at exit, which would turn the exit code into 120),
+    goes nowhere."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, stream.fileno())
+    os.close(devnull)
 
 
 class _Console(Console):
@@ -28,8 +36,28 @@ class _Console(Console):
         leave_broken_pipe()
 
 
+class _Diagnostics(_Console):
+    """stderr: progress, notices, warnings and error messages. A write that fails there other than
+    a broken pipe (the disk under a CI log is full, an I/O error) silences it for the rest of the
+    run instead of ending the command (`lose_stderr`)."""
+
+    def _check_buffer(self) -> None:
+        try:
+            super()._check_buffer()
+        except OSError:
+            lose_stderr()
+
+
 out = _Console()
-err = _Console(stderr=True)
+err = _Diagnostics(stderr=True)
+
+
+def lose_stderr() -> None:
+    """stderr could not be written: nothing more goes there. A conversion is not lost for its log,
+    and stdout and the exit code still say how the command went (an error would otherwise end in a
+    traceback and exit 1, and a heartbeat's failure was taken for a full disk at OUT)."""
+    err.quiet = True
+    discard(sys.stderr)
 # In a pipe or a CI log a line is never wrapped at the 80 columns rich assumes: its reader's window,
 # grep and diff see each sentence whole.
 for _console in (out, err):

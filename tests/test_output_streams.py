@@ -1,0 +1,61 @@
+"""stdout and stderr as a CI job may hand them over: a full disk under the log, an odd terminal
+width, in real processes (the interpreter's own buffering and its flush at exit included)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import FIXTURES
+
+MOE = FIXTURES / "qwen3-moe-fp8"
+FULL = Path("/dev/full")  # every write fails with ENOSPC
+needs_dev_full = pytest.mark.skipif(not FULL.exists(), reason="no /dev/full on this system")
+
+
+def ascendconv(*args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The command line in its own process, its streams buffered as a CI job's are (no
+    PYTHONUNBUFFERED)."""
+    environment = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    return subprocess.run([sys.executable, "-m", "ascendconv", *map(str, args)], stdout=stdout, stderr=stderr,
+                          env={**environment, **(env or {})}, timeout=300)
+
+
+@needs_dev_full
+@pytest.mark.parametrize("as_json", [False, True])
+def test_a_stderr_that_cannot_be_written_costs_the_log_not_the_conversion(tmp_path, as_json):
+    """The disk under the log is full: the heartbeat's failed write was taken for the package's
+    (NoSpaceError, 'the file system is full ... the package was not written'), then reporting that
+    failed too: a traceback and exit 1, while the envelope said exit_code 4."""
+    out = tmp_path / "out"
+    with FULL.open("w") as full:
+        result = ascendconv("convert", MOE, out, *(["--json"] if as_json else []), stderr=full)
+    assert result.returncode == 0, result.stdout.decode()
+    assert (out / "quant_model_description.json").is_file()
+    if as_json:
+        envelope = json.loads(result.stdout)
+        assert (envelope["ok"], envelope["command"], envelope["output"]) == (True, "convert", str(out))
+    else:
+        assert result.stdout.decode().splitlines()[-1] == f"then: vllm serve {out} --quantization ascend --tensor-parallel-size 1"
+
+
+@needs_dev_full
+@pytest.mark.parametrize("args, code, error", [
+    (["inspect", "no-such-checkpoint", "--json"], 3, "NotFoundError"),
+    (["inspect", MOE, "--bogus", "--json"], 2, "NoSuchOption"),
+    (["inspect", MOE, "--bogus"], 2, None),
+])
+def test_an_error_keeps_its_exit_code_when_stderr_cannot_be_written(tmp_path, args, code, error):
+    with FULL.open("w") as full:
+        result = ascendconv(*args, stderr=full)
+    assert result.returncode == code
+    if error:
+        envelope = json.loads(result.stdout)
+        assert (envelope["error"], envelope["exit_code"]) == (error, code)
+    else:
+        assert result.stdout == b""
