@@ -59,3 +59,17 @@ def test_an_error_keeps_its_exit_code_when_stderr_cannot_be_written(tmp_path, ar
         assert (envelope["error"], envelope["exit_code"]) == (error, code)
     else:
         assert result.stdout == b""
+
+
+def test_a_terminal_width_of_zero_still_prints_everything(tmp_path):
+    """COLUMNS=0 (a shell that has not measured its window yet): rich took it for a width of 0 and
+    printed nothing at all, an error's message and hint included; only the exit code was left."""
+    missing = ascendconv("inspect", tmp_path / "ckpt", env={"COLUMNS": "0"})
+    assert missing.returncode == 3
+    assert missing.stderr.decode().splitlines() == [
+        f"error: {tmp_path / 'ckpt'}: no such directory",
+        f"hint: {tmp_path} holds no directory of that name; pass a checkpoint directory or a cached repo id",
+    ]
+    shown = ascendconv("inspect", MOE, env={"COLUMNS": "0"})
+    assert shown.returncode == 0
+    assert shown.stdout == ascendconv("inspect", MOE).stdout and shown.stdout.startswith(b"qwen3-moe-fp8  Hugging Face block FP8 checkpoint\n")

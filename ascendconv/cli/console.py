@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import sys
 from typing import NoReturn
 
@@ -62,6 +63,10 @@ def lose_stderr() -> None:
 # grep and diff see each sentence whole.
 for _console in (out, err):
     _console.soft_wrap = not _console.is_terminal
+    # COLUMNS=0 (a shell that has not measured its window yet, an Emacs shell) is a width of 0 to
+    # rich, which then prints nothing at all, error messages included: take the real one instead
+    if _console.width < 1:
+        _console.width = shutil.get_terminal_size().columns
 
 
 # C0 and C1 controls (ESC, a line break, a tab, BEL, a carriage return), DEL, the Unicode line and
