@@ -339,6 +339,16 @@ def file_system_error(exc: OSError) -> FileSystemError:
     return FileSystemError(f"{where}: {exc.strerror or exc}")
 
 
+class StdoutWriteError(EnvironmentProblem):
+    """stdout would not take the command's output (a full disk where it is redirected, an I/O
+    error): said on stderr, as no JSON object can be written either."""
+
+    default_hint = (
+        "free space where stdout is redirected, or redirect it elsewhere; what the command did stands "
+        "(a package it wrote is in place), only its output is lost"
+    )
+
+
 class OutputWriteError(EnvironmentProblem):
     default_hint = "free space, raise the file-size limit or choose another OUT; nothing was left at OUT"
 

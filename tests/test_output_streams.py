@@ -73,3 +73,43 @@ def test_a_terminal_width_of_zero_still_prints_everything(tmp_path):
     shown = ascendconv("inspect", MOE, env={"COLUMNS": "0"})
     assert shown.returncode == 0
     assert shown.stdout == ascendconv("inspect", MOE).stdout and shown.stdout.startswith(b"qwen3-moe-fp8  Hugging Face block FP8 checkpoint\n")
+
+
+STDOUT_FULL = [
+    "error: stdout: cannot be written (No space left on device)",
+    "hint: free space where stdout is redirected, or redirect it elsewhere; what the command did stands "
+    "(a package it wrote is in place), only its output is lost",
+]
+
+
+@needs_dev_full
+@pytest.mark.parametrize("args", [["inspect", MOE], ["inspect", MOE, "--json"], ["--version"]])
+def test_a_stdout_that_cannot_be_written_is_a_named_environment_error(args):
+    """stdout redirected to a full disk: a traceback and exit 1 (verify's 'a check failed'), or,
+    for output small enough to stay buffered, the interpreter's 'Exception ignored' and exit 120."""
+    with FULL.open("w") as full:
+        result = ascendconv(*args, stdout=full)
+    assert result.returncode == 4
+    assert result.stderr.decode().splitlines() == STDOUT_FULL
+
+
+@needs_dev_full
+def test_an_error_whose_envelope_cannot_be_written_is_still_told_on_stderr(tmp_path):
+    with FULL.open("w") as full:
+        result = ascendconv("inspect", tmp_path / "ckpt", "--json", stdout=full)
+    assert result.returncode == 4
+    assert result.stderr.decode().splitlines() == [
+        f"error: {tmp_path / 'ckpt'}: no such directory",
+        f"hint: {tmp_path} holds no directory of that name; pass a checkpoint directory or a cached repo id",
+        *STDOUT_FULL,
+    ]
+
+
+@needs_dev_full
+def test_a_conversion_whose_summary_cannot_be_printed_leaves_its_package(tmp_path):
+    out = tmp_path / "out"
+    with FULL.open("w") as full:
+        result = ascendconv("convert", MOE, out, stdout=full)
+    assert result.returncode == 4
+    assert result.stderr.decode().splitlines()[-2:] == STDOUT_FULL  # after the heartbeat
+    assert (out / "quant_model_description.json").is_file()

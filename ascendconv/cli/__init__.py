@@ -14,16 +14,24 @@ import os
 import signal
 import sys
 import threading
-from typing import Callable
+from typing import Callable, NoReturn
 
 import typer
 from rich.markup import escape
 from typer.core import TyperGroup, TyperOption
 
 from ascendconv import __version__
-from ascendconv.cli.console import err, leave_broken_pipe, lose_stderr, out, terminal_safe
+from ascendconv.cli.console import discard, err, leave_broken_pipe, lose_stderr, out, terminal_safe
 from ascendconv.cli.envelope import dump_envelope, error_envelope, usage_hint
-from ascendconv.errors import EXIT_INTERRUPTED, AscendconvError, Interrupted, file_system_error, out_of_memory, unreadable
+from ascendconv.errors import (
+    EXIT_INTERRUPTED,
+    AscendconvError,
+    Interrupted,
+    StdoutWriteError,
+    file_system_error,
+    out_of_memory,
+    unreadable,
+)
 
 # At exit the interpreter's last garbage collection walks every object still alive, numba's type
 # system included: 0.11 s of a 0.63 s convert of the sample, 0.03 s of a 0.15 s verify. Objects frozen
@@ -49,6 +57,15 @@ class CommandLine(TyperGroup):
         argv = list(sys.argv[1:] if args is None else args)
         if not standalone_mode:
             return super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            self.run_line(argv, prog_name, complete_var, **extra)
+        except StdoutWriteError as exc:  # from the output of a command, or of its error
+            report_error(exc, False, None)
+            discard(sys.stdout)  # what is still buffered for it must not fail the exit
+            sys.exit(exc.exit_code)
+
+    def run_line(self, argv: list[str], prog_name, complete_var, **extra) -> NoReturn:
+        """The command line's run, ended with its exit code."""
         try:
             code = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
         except typer.TyperException as exc:  # Click's usage errors, raised by the option parser
@@ -143,11 +160,13 @@ def report_error(exc: AscendconvError, as_json: bool, command: str | None) -> No
 def report(command: str | None, code: str, message: str, hint: str | None, exit_code: int, as_json: bool) -> None:
     """An error as every command shows it: `error: ...` and `hint: ...` on stderr, and under --json
     the envelope on stdout first."""
-    if as_json:
-        dump_envelope(error_envelope(command, code, message, hint, exit_code))
-    # soft_wrap: a message names files and tensors; never break it inside a name
-    err.print(f"[bold red]error:[/] {escape(terminal_safe(message))}", highlight=False, soft_wrap=True)
-    show_hint(hint)
+    try:
+        if as_json:
+            dump_envelope(error_envelope(command, code, message, hint, exit_code))
+    finally:  # said on stderr also when stdout cannot take the envelope
+        # soft_wrap: a message names files and tensors; never break it inside a name
+        err.print(f"[bold red]error:[/] {escape(terminal_safe(message))}", highlight=False, soft_wrap=True)
+        show_hint(hint)
 
 
 def show_hint(hint: str | None) -> None:

@@ -11,7 +11,7 @@ from typing import NoReturn
 from rich.console import Console
 from rich.markup import escape
 
-from ascendconv.errors import EXIT_BROKEN_PIPE
+from ascendconv.errors import EXIT_BROKEN_PIPE, StdoutWriteError
 
 
 def leave_broken_pipe() -> NoReturn:
@@ -37,6 +37,32 @@ class _Console(Console):
         leave_broken_pipe()
 
 
+class _Results(_Console):
+    """stdout: the command's report, its JSON object. A write that fails there other than a broken
+    pipe is StdoutWriteError, exit 4 (it was a traceback and exit 1, verify's "a check failed", or
+    the interpreter's 120 at exit)."""
+
+    def _check_buffer(self) -> None:
+        try:
+            super()._check_buffer()
+        except OSError as exc:
+            raise stdout_unwritable(exc) from None
+
+
+def write_stdout(text: str) -> None:
+    """`text` on stdout as it is (a JSON object), flushed, failing as `out` does."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise stdout_unwritable(exc) from None
+
+
+def stdout_unwritable(exc: OSError) -> StdoutWriteError:
+    return StdoutWriteError(f"stdout: cannot be written ({exc.strerror or exc})")
+
+
 class _Diagnostics(_Console):
     """stderr: progress, notices, warnings and error messages. A write that fails there other than
     a broken pipe (the disk under a CI log is full, an I/O error) silences it for the rest of the
@@ -49,7 +75,7 @@ class _Diagnostics(_Console):
             lose_stderr()
 
 
-out = _Console()
+out = _Results()
 err = _Diagnostics(stderr=True)
 
 

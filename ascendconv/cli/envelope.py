@@ -12,6 +12,8 @@ import re
 
 import typer
 
+from ascendconv.cli.console import write_stdout
+
 ENVELOPE_SCHEMA = 1
 
 
@@ -28,7 +30,7 @@ def error_envelope(command: str | None, code: str, message: str, hint: str | Non
 
 
 def dump_envelope(document: dict, indent: int | None = None) -> None:
-    print(json.dumps(document, indent=indent))
+    write_stdout(json.dumps(document, indent=indent))
 
 
 def closest(value: str, choices) -> str | None:
