@@ -175,3 +175,30 @@ def test_json_given_before_the_command_is_an_envelope_naming_where_it_goes():
     assert data["message"] == "No such option: --json (Possible options: --version)"
     assert data["hint"] == "--json is an option of each command: give it after the command's name, e.g. ascendconv convert --json SRC OUT"
     assert result.stderr == f"error: {data['message']}\nhint: {data['hint']}\n"
+
+
+@pytest.mark.parametrize("argv, param", [
+    (["verify", ""], "'OUT'"),
+    (["verify", "fixtures/qwen3-dense-fp8", "--source", ""], "'--source'"),
+    (["verify", "fixtures/qwen3-dense-fp8", "--report", ""], "'--report'"),
+    (["inspect", ""], "'PATH'"),
+    (["convert", "", "out"], "'SRC'"),
+    (["convert", "fixtures/qwen3-dense-fp8", ""], "'OUT'"),
+    (["assemble", "", "part"], "'OUT'"),
+    (["assemble", "out", ""], "'PARTDIR...'"),
+])
+def test_an_empty_path_is_a_usage_error_never_the_current_directory(argv, param, tmp_path, monkeypatch):
+    """`verify "$OUT"` with OUT unset: Path('') is '.', so the current directory was verified (a
+    package there passed, exit 0), inspected or converted in the place of the one meant."""
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)
+    result = runner.invoke(app, [*argv, "--json"])
+    data = json.loads(result.stdout)
+    assert (result.exit_code, data["error"], data["exit_code"]) == (2, "BadParameter", 2)
+    assert data["message"] == f"Invalid value for {param}: an empty path (an unset variable?); write '.' for the current directory"
+
+
+def test_an_empty_ray_address_is_refused_never_a_run_without_ray():
+    """`--ray-address "$RAY_ADDRESS"` with the variable unset converted on this machine alone."""
+    result = runner.invoke(app, ["convert", "fixtures/qwen3-dense-fp8", "out", "--ray-address", "", "--dry-run", "--json"])
+    data = json.loads(result.stdout)
+    assert (result.exit_code, data["error"], data["message"]) == (2, "BadOptionError", "--ray-address '': not a Ray address")

@@ -9,14 +9,14 @@ import typer
 
 from ascendconv.cli import app, print_json, run
 from ascendconv.cli.console import out
-from ascendconv.cli.options import AsJson, NewPackage, Overwrite, Quiet
+from ascendconv.cli.options import AsJson, NewPackage, Overwrite, Quiet, given_path
 from ascendconv.cli.progress import byte_progress
 
 
 @app.command("assemble")
 def assemble_command(
     out_dir: NewPackage,
-    part_dirs: Annotated[List[Path], typer.Argument(metavar="PARTDIR...", help="Every part directory of one plan.", readable=False)],
+    part_dirs: Annotated[List[Path], typer.Argument(metavar="PARTDIR...", help="Every part directory of one plan.", parser=given_path)],
     as_json: AsJson = False,
     overwrite: Overwrite = False,
     quiet: Quiet = False,

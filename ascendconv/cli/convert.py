@@ -23,6 +23,7 @@ from ascendconv.cli.options import (
     SharedAsRouted,
     Tp,
     Workers,
+    given,
     size_text,
 )
 from ascendconv.cli.progress import byte_progress
@@ -41,7 +42,9 @@ from ascendconv.decide import Deployment, Scheme
 
 @app.command()
 def convert(
-    src: Annotated[str, typer.Argument(metavar="SRC", help="Source checkpoint directory (or a repo id in the local HF cache).")],
+    src: Annotated[
+        str, typer.Argument(metavar="SRC", help="Source checkpoint directory (or a repo id in the local HF cache).", parser=given)
+    ],
     out_dir: NewPackage,
     scheme: SchemeChoice = Scheme(ConvertOptions.scheme),
     scale_rule: ScaleRuleChoice = ScaleRule(ConvertOptions.scale_rule),
@@ -120,7 +123,7 @@ def convert(
             allow_unmatched_overrides=allow_unmatched_override,
         )
         runner = run_convert
-        if ray or ray_address:
+        if ray or ray_address is not None:  # an empty --ray-address is refused, never a run without Ray
             runner = ray_runner(options, ray_address, ray_parts, ray_cpus, ray_retries, dry_run)
         bar, progress, on_shard = byte_progress(quiet or dry_run, "converting")
         if bar is None:

@@ -8,14 +8,17 @@ import typer
 
 from ascendconv.cli import app, header_only_process, print_json, run
 from ascendconv.cli.console import out
-from ascendconv.cli.options import AsJson, Ep, MtpHeads, SharedAsRouted, Tp
+from ascendconv.cli.options import AsJson, Ep, MtpHeads, SharedAsRouted, Tp, given
 from ascendconv.decide import Deployment
 
 
 @app.command("inspect")
 def inspect_command(
     src: Annotated[
-        str, typer.Argument(metavar="PATH", help="A checkpoint or package directory, or a repo id in the local HF cache.")
+        str,
+        typer.Argument(
+            metavar="PATH", help="A checkpoint or package directory, or a repo id in the local HF cache.", parser=given
+        ),
     ],
     tensors: Annotated[
         bool, typer.Option("--tensors", help="List tensors: name, dtype, shape, quant type, shard, bytes.")

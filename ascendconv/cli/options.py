@@ -15,10 +15,23 @@ from ascendconv.options import KernelName
 from ascendconv.ascendv1 import SCHEME_ROWS
 from ascendconv.decide import Scheme
 
+def given(text: str) -> str:
+    """A directory, file or repo id as given; an empty one, as an unset variable makes it (`verify
+    "$OUT"`), is a usage error: Path('') is '.', and the current directory was verified, inspected or
+    converted in its place, exit 0."""
+    if not text:
+        raise typer.BadParameter("an empty path (an unset variable?); write '.' for the current directory")
+    return text
+
+
+def given_path(text: str) -> Path:
+    return Path(given(text))
+
+
 AsJson = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar; print only what the command says it keeps.")]
 Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace a non-empty OUT.")]
-NewPackage = Annotated[Path, typer.Argument(metavar="OUT", help="Package directory to create.")]
+NewPackage = Annotated[Path, typer.Argument(metavar="OUT", help="Package directory to create.", parser=given_path)]
 
 # The deployment options, one meaning for convert, inspect and verify.
 Tp = Annotated[

@@ -9,7 +9,7 @@ import typer
 
 from ascendconv.cli import app, print_json, run
 from ascendconv.cli.console import err, notice, out
-from ascendconv.cli.options import AsJson, Quiet
+from ascendconv.cli.options import AsJson, Quiet, given, given_path
 from ascendconv.cli.progress import verify_progress
 from ascendconv.options import DEFAULT_MAX_MOE_REL_ERR, DEFAULT_TOP, MAX_MOE_TOKENS, VerifyOptions, check_top
 
@@ -18,8 +18,8 @@ DEFAULTS = VerifyOptions()  # the defaults are VerifyOptions', written once
 
 @app.command("verify")
 def verify_command(
-    # readable=False: an unreadable OUT is bad input (exit 3, named), which the library reports, not a usage error
-    package: Path = typer.Argument(..., metavar="OUT", help="The package directory to check.", readable=False),
+    # an unreadable OUT is bad input (exit 3, named), which the library reports, not a usage error
+    package: Path = typer.Argument(..., metavar="OUT", help="The package directory to check.", parser=given_path),
     tp: Optional[int] = typer.Option(
         None, "--tp", metavar="T", help="Tensor-parallel ranks vLLM will use (default: as recorded at conversion, else 1)."
     ),
@@ -28,7 +28,8 @@ def verify_command(
     ),
     checksums: bool = typer.Option(DEFAULTS.checksums, "--checksums/--no-checksums", help="Check each shard's checksum (BLAKE3; sha256 for older packages) against the provenance file."),
     source: Optional[str] = typer.Option(
-        None, "--source", metavar="SRC", help="The checkpoint the package came from: enables the numerical checks."
+        None, "--source", metavar="SRC", help="The checkpoint the package came from: enables the numerical checks.",
+        parser=given,
     ),
     min_sqnr_mxfp8: float = typer.Option(DEFAULTS.min_sqnr_mxfp8, help="Least SQNR (dB) of a W8A8_MXFP8 weight."),
     min_sqnr_mxfp4: float = typer.Option(DEFAULTS.min_sqnr_mxfp4, help="Least SQNR (dB) of an MXFP4 weight (W4A8_MXFP, W4A16_MXFP4, W4A4_MXFP4)."),
@@ -57,7 +58,7 @@ def verify_command(
     seed: int = typer.Option(DEFAULTS.seed, help="Seed of the sampled rows, activations and routing."),
     top: int = typer.Option(DEFAULT_TOP, help="Worst tensors shown (0 or more)."),
     report_files: Optional[list[Path]] = typer.Option(
-        None, "--report", metavar="FILE",
+        None, "--report", metavar="FILE", parser=given_path,
         help="Also write the report as FILE.html (self-contained page) or FILE.md; may be given more than once.",
     ),
     step_summary: bool = typer.Option(
