@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -113,3 +114,18 @@ def test_a_conversion_whose_summary_cannot_be_printed_leaves_its_package(tmp_pat
     assert result.returncode == 4
     assert result.stderr.decode().splitlines()[-2:] == STDOUT_FULL  # after the heartbeat
     assert (out / "quant_model_description.json").is_file()
+
+
+def test_a_character_stdout_cannot_encode_is_escaped_never_a_traceback(tmp_path):
+    """An ASCII stdout (PYTHONIOENCODING=ascii) could not take a table's rule, a strict UTF-8 one
+    (PYTHONIOENCODING=utf-8, a non-UTF-8 system locale) a directory name's undecodable byte:
+    UnicodeEncodeError, exit 1, which for verify says a check failed."""
+    ascii_run = ascendconv("inspect", MOE, env={"PYTHONIOENCODING": "ascii"})
+    assert ascii_run.returncode == 0, ascii_run.stderr.decode()[-500:]
+    assert b"\n" + b"\\u2500" * 10 in ascii_run.stdout
+
+    odd = tmp_path / os.fsdecode(b"ckpt\xff")
+    shutil.copytree(MOE, odd)
+    strict_run = ascendconv("inspect", odd, env={"PYTHONIOENCODING": "utf-8"})
+    assert strict_run.returncode == 0, strict_run.stderr.decode()[-500:]
+    assert strict_run.stdout.splitlines()[0] == b"ckpt\\udcff  Hugging Face block FP8 checkpoint"

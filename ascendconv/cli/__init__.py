@@ -21,7 +21,7 @@ from rich.markup import escape
 from typer.core import TyperGroup, TyperOption
 
 from ascendconv import __version__
-from ascendconv.cli.console import discard, err, leave_broken_pipe, lose_stderr, out, terminal_safe
+from ascendconv.cli.console import discard, err, escape_unencodable, leave_broken_pipe, lose_stderr, out, terminal_safe
 from ascendconv.cli.envelope import dump_envelope, error_envelope, usage_hint
 from ascendconv.errors import (
     EXIT_INTERRUPTED,
@@ -57,6 +57,7 @@ class CommandLine(TyperGroup):
         argv = list(sys.argv[1:] if args is None else args)
         if not standalone_mode:
             return super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
+        escape_unencodable()
         try:
             self.run_line(argv, prog_name, complete_var, **extra)
         except StdoutWriteError as exc:  # from the output of a command, or of its error

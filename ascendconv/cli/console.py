@@ -49,6 +49,15 @@ class _Results(_Console):
             raise stdout_unwritable(exc) from None
 
 
+def escape_unencodable() -> None:
+    """stdout writes a character its encoding cannot spell (a table's rule or '…' under an ASCII
+    locale, a file name's undecodable byte under a strict UTF-8 one) as its escape ('\\u2500',
+    '\\udcff'), as stderr does, instead of ending the command in UnicodeEncodeError and exit 1
+    (verify's "a check failed", for a package that passed)."""
+    if getattr(sys.stdout, "errors", None) == "strict" and hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="backslashreplace")
+
+
 def write_stdout(text: str) -> None:
     """`text` on stdout as it is (a JSON object), flushed, failing as `out` does."""
     try:
