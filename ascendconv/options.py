@@ -43,6 +43,11 @@ def parse_size(text: str) -> int:
     size = float(match[1]) * _SIZE_UNITS[unit]
     if 0 < size < 1:  # int() would make it 0, which means "one file": never what was asked
         raise BadOptionError(f"size {text!r} is less than one byte", "give a size of a byte or more (500MB, 2GiB), or 0 for one file")
+    if _SIZE_UNITS[unit] == 1 and not size.is_integer():  # int() made '1.5' one byte: a shard per tensor
+        raise BadOptionError(
+            f"size {text!r} is a fraction of a byte count",
+            f"give the unit meant ({match[1]}GB, {match[1]}GiB) or a whole number of bytes",
+        )
     return int(size)
 
 

@@ -283,6 +283,17 @@ def test_a_shard_size_below_one_byte_is_refused():
     assert parse_size("0") == 0 and parse_size("1.5KB") == 1500 and parse_size("0.5KiB") == 512
 
 
+@pytest.mark.parametrize("text", ["1.5", "2.5B", "100.25"])
+def test_a_fractional_byte_count_is_refused_asking_for_the_unit(tmp_path, text):
+    """'--max-shard-size 1.5' was one byte per shard, so a package of one file per tensor."""
+    result = runner.invoke(app, ["convert", str(FIXTURES / DENSE), str(tmp_path / "out"), "--max-shard-size", text, "--json"])
+    assert result.exit_code == 2 and not (tmp_path / "out").exists()
+    error = json.loads(result.stdout)
+    assert error["message"] == f"--max-shard-size: size {text!r} is a fraction of a byte count"
+    number = text.rstrip("B")
+    assert error["hint"] == f"give the unit meant ({number}GB, {number}GiB) or a whole number of bytes"
+
+
 def test_an_index_shard_without_the_suffix_is_not_copied_as_a_companion(tmp_path):
     src = Path(shutil.copytree(FIXTURES / "deepseek-v3-fp8", tmp_path / "src"))
     index = json.loads((src / "model.safetensors.index.json").read_text())
