@@ -134,16 +134,19 @@ def test_verify_help_names_every_exit_code_it_can_give():
 
 
 def test_ray_option_defaults_are_ray_options_defaults():
-    """--ray-parts, --ray-cpus and --ray-retries show and pass what RayOptions() holds."""
+    """--ray-parts, --ray-cpus and --ray-retries show what RayOptions() holds, and pass nothing when
+    not given (None: RayOptions keeps its own)."""
     import typer.main
 
     from ascendconv.options import RayOptions
 
     defaults = {p.name: p.default for p in typer.main.get_command(app).commands["convert"].params}
+    assert (defaults["ray_parts"], defaults["ray_cpus"], defaults["ray_retries"]) == (None, None, None)
+    help_text = " ".join(runner.invoke(app, ["convert", "--help"], env={"COLUMNS": "200"}).stdout.split())
     expected = RayOptions()
-    assert (defaults["ray_parts"], defaults["ray_cpus"], defaults["ray_retries"]) == (
-        expected.parts, expected.cpus_per_task, expected.max_retries
-    )
+    for flag, value in (("--ray-parts", expected.parts), ("--ray-cpus", expected.cpus_per_task),
+                        ("--ray-retries", expected.max_retries)):
+        assert re.search(rf"{flag} <int> [^\[]*\[default: (\d+)\]", help_text)[1] == str(value), flag
 
 
 @pytest.mark.parametrize("option", ["--scale-rule", "--resolve-dtype", "--kernel"])

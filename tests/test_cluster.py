@@ -165,6 +165,21 @@ def test_ray_options_are_usage_errors_before_ray_is_even_imported(monkeypatch, t
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("flags, words", [
+    (["--ray-cpus", "4"], "--ray-cpus applies only under --ray"),
+    (["--ray-parts", "2", "--ray-retries", "0"], "--ray-parts and --ray-retries apply only under --ray"),
+])
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]])
+def test_ray_options_without_ray_are_refused_not_ignored(tmp_path, flags, words, dry_run):
+    """'--ray-cpus 4' without --ray converted on this machine, as if Ray had been asked for and not told."""
+    result = runner.invoke(app, ["convert", str(FIXTURES / FIXTURE), str(tmp_path / "out"), *flags, *dry_run, "--json"])
+    assert result.exit_code == 2, result.output
+    error = json.loads(result.stdout)
+    assert (error["error"], error["message"]) == ("BadOptionError", words)
+    assert error["hint"] == "add --ray (or --ray-address ADDRESS) to convert on Ray, or leave them out"
+    assert list(tmp_path.iterdir()) == []
+
+
 def run_real(*args: str, timeout: float = 180):
     import subprocess
 

@@ -79,13 +79,27 @@ def convert(
     ray_address: Annotated[
         Optional[str], typer.Option(help="Ray cluster to join, e.g. auto or ray://head:10001 (implies --ray).")
     ] = None,
+    # None when not given: without --ray they would be ignored, so they are refused
     ray_parts: Annotated[
-        int, typer.Option(help="Parts under --ray; 0: one per task slot, at most one per shard.")
-    ] = DEFAULT_RAY_PARTS,
-    ray_cpus: Annotated[int, typer.Option(help="CPUs per Ray task (its conversion threads).")] = DEFAULT_RAY_CPUS_PER_TASK,
+        Optional[int],
+        typer.Option(
+            help=f"Parts under --ray; 0: one per task slot, at most one per shard.  [default: {DEFAULT_RAY_PARTS}]",
+            show_default=False,
+        ),
+    ] = None,
+    ray_cpus: Annotated[
+        Optional[int],
+        typer.Option(
+            help=f"CPUs per Ray task (its conversion threads).  [default: {DEFAULT_RAY_CPUS_PER_TASK}]", show_default=False
+        ),
+    ] = None,
     ray_retries: Annotated[
-        int, typer.Option(help="Retries of a failed Ray task; each reuses the shards it finished.")
-    ] = DEFAULT_RAY_MAX_RETRIES,
+        Optional[int],
+        typer.Option(
+            help=f"Retries of a failed Ray task; each reuses the shards it finished.  [default: {DEFAULT_RAY_MAX_RETRIES}]",
+            show_default=False,
+        ),
+    ] = None,
     tp: Tp = Deployment.tp,
     ep: Ep = Deployment.ep,
     shared_experts_as_routed: SharedAsRouted = Deployment.shared_experts_as_routed,
@@ -97,6 +111,7 @@ def convert(
     """
     from ascendconv.cli.render.convert import print_warnings, render_convert
     from ascendconv.convert import convert as run_convert
+    from ascendconv.errors import BadOptionError
     from ascendconv.io.hfcache import resolve_source
     from ascendconv.parts import parse_part
 
@@ -123,8 +138,15 @@ def convert(
             allow_unmatched_overrides=allow_unmatched_override,
         )
         runner = run_convert
+        ray_given = {"parts": ray_parts, "cpus_per_task": ray_cpus, "max_retries": ray_retries}
         if ray or ray_address is not None:  # an empty --ray-address is refused, never a run without Ray
-            runner = ray_runner(options, ray_address, ray_parts, ray_cpus, ray_retries, dry_run)
+            runner = ray_runner(options, ray_address, {k: v for k, v in ray_given.items() if v is not None}, dry_run)
+        elif any(v is not None for v in ray_given.values()):
+            flags = [RAY_FLAGS[k] for k, v in ray_given.items() if v is not None]
+            raise BadOptionError(
+                f"{' and '.join(flags)} {'applies' if len(flags) == 1 else 'apply'} only under --ray",
+                "add --ray (or --ray-address ADDRESS) to convert on Ray, or leave them out",
+            )
         bar, progress, on_shard = byte_progress(quiet or dry_run, "converting")
         if bar is None:
             return runner(resolve_source(src), out_dir, options, progress, dry_run, notice, on_shard)
@@ -166,9 +188,10 @@ def parse_shard_size(text: str) -> int:
         raise BadOptionError(f"--max-shard-size: {exc.message}", exc.hint) from None
 
 
-def ray_runner(
-    options: ConvertOptions, address: Optional[str], parts: int, cpus: int, retries: int, dry_run: bool
-) -> Callable:
+RAY_FLAGS = {"parts": "--ray-parts", "cpus_per_task": "--ray-cpus", "max_retries": "--ray-retries"}  # RayOptions' fields
+
+
+def ray_runner(options: ConvertOptions, address: Optional[str], given: dict[str, int], dry_run: bool) -> Callable:
     """convert's stand-in under --ray: the same call, run as Ray tasks. A dry run checks the Ray
     options as the run would, then plans here: the plan is the same wherever it runs."""
     from ascendconv.cluster import convert_on_ray, import_ray
@@ -180,7 +203,7 @@ def ray_runner(
             "--ray runs every part itself and cannot be combined with --part or --resume",
             "under --ray a failed task is retried and reuses the shards it finished (--ray-retries)",
         )
-    ray_options = RayOptions(address=address, parts=parts, cpus_per_task=cpus, max_retries=retries)  # checked first
+    ray_options = RayOptions(address=address, **given)  # checked first; the fields not given keep their defaults
     if dry_run:
         return run_convert
     import_ray()  # fails at once, with how to install it
