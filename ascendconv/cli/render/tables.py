@@ -138,7 +138,8 @@ def _print_plain(console: Console, headers: list[str] | None, rows: list[list[st
 
     if headers is not None:
         emit(headers)
-        _plain_line(console, "─" * (sum(widths) + gap * last))
+        rule = "-" if console.options.ascii_only else "─"  # an ASCII stdout would get "\u2500" escapes
+        _plain_line(console, rule * (sum(widths) + gap * last))
     for row in rows:
         emit(row)
 
