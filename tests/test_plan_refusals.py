@@ -26,7 +26,7 @@ from test_source_formats import as_float, respell
 runner = CliRunner()
 DENSE = "qwen3-dense-fp8"
 MOE = "qwen3-moe-fp8"
-NUMPY_TYPES = {"BF16": ml_dtypes.bfloat16, "F64": np.float64, "I32": np.int32, "U8": np.uint8}
+NUMPY_TYPES = {"BF16": ml_dtypes.bfloat16, "F64": np.float64, "I32": np.int32, "U8": np.uint8, "I8": np.int8}
 
 
 def with_heads(fixture_copy, heads: int):
@@ -151,7 +151,9 @@ def test_a_release_leaving_one_packed_member_unquantized_converts_its_group_floa
 
 @pytest.mark.parametrize(
     "dtype,shape,stored",
-    [("F64", None, "F64 [128, 256], a dtype"), ("I32", None, "I32 [128, 256], a dtype"), ("U8", None, "U8 [128, 256], a dtype"),
+    # (U8 and I8 projection weights without a quantization_config are refused as unrecognized packed
+    # payloads: tests/test_mx_native.py)
+    [("F64", None, "F64 [128, 256], a dtype"), ("I32", None, "I32 [128, 256], a dtype"),
      ("BF16", (256,), "BF16 [256], not a 2-D weight")],
 )
 def test_a_float_checkpoint_with_a_packed_member_it_cannot_quantize_converts_its_group_float(tmp_path, dtype, shape, stored):
@@ -160,6 +162,23 @@ def test_a_float_checkpoint_with_a_packed_member_it_cannot_quantize_converts_its
     fallbacks = converted_as_planned(src, tmp_path / "out")
     assert [f["module"] for f in fallbacks] == [k, "model.layers.0.self_attn.v_proj"]
     assert fallbacks[0]["reason"].startswith(f"packed with {q}: the source stores it {stored}")
+
+
+@pytest.mark.parametrize("dtype", ["U8", "I8"])
+def test_a_float_checkpoint_with_a_byte_projection_weight_is_refused_as_unrecognized(tmp_path, dtype):
+    """Bytes named as a projection's weight are some quantized format's payload: copied FLOAT, as they
+    were, the package held codes the runtime reads as values."""
+    q = "model.layers.0.self_attn.q_proj"
+    src = left_unquantized(as_float(FIXTURES / DENSE, tmp_path / "bf16"), tmp_path / "src", q, dtype)
+    result = runner.invoke(app, ["convert", str(src), str(tmp_path / "out"), "--json"])
+    assert result.exit_code == 3, result.output
+    error = json.loads(result.stdout)
+    assert error["error"] == "UnrecognizedCheckpointError"
+    assert error["message"] == (
+        f"{src}: holds {dtype} tensors (e.g. '{q}.weight', named as a quantized weight or its scale) but config.json "
+        "has no quantization_config"
+    )
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_release_leaving_one_routed_expert_unquantized_converts_its_moe_layer_float(tmp_path):
