@@ -24,8 +24,10 @@ safetensors format here declares another (GGUF's split-half blocks are refused a
 from __future__ import annotations
 
 import fnmatch
+import functools
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -297,9 +299,17 @@ class QuarkConfig:
     exclude: tuple[str, ...]
     location: str
 
+    @functools.cached_property
+    def _excluded(self) -> tuple[frozenset[str], "re.Pattern[str] | None"]:
+        """`exclude` as a set of its names and one expression of its patterns: a release lists
+        hundreds of modules, matched against every linear (tens of thousands), one by one 5.9 s."""
+        patterns = [fnmatch.translate(p) for p in self.exclude if any(c in p for c in "*?[")]
+        return frozenset(self.exclude), re.compile("|".join(patterns)) if patterns else None
+
     def dtype_of(self, prefix: str) -> str | None:
         """The weight dtype Quark's config gives a module: excluded, its layer pattern, else global."""
-        if any(fnmatch.fnmatchcase(prefix, p) or prefix == p for p in self.exclude):
+        names, patterns = self._excluded
+        if prefix in names or (patterns is not None and patterns.match(prefix)):
             return None
         for pattern, dtype in self.layers:
             if fnmatch.fnmatchcase(prefix, pattern) or prefix == pattern:
