@@ -253,6 +253,25 @@ class ModelRules:
         match = self._shared.match(prefix)
         return match["layer"] if match else None
 
+    def missing_layers(self, names: Iterable[str], listed: int = 5) -> tuple[int, list[int]]:
+        """How many of the decoder layers 0..num_hidden_layers-1 no name is under (by the family's
+        roots), and the first `listed` of them. vLLM builds every one of those layers, and one that
+        no tensor is loaded into runs on uninitialised weights. None are counted without a count in
+        config.json, nor when no name is under the roots at all (layers spelled otherwise: a family
+        not known by name, a checkpoint respelled in part). Work is bounded by the names, never by
+        the count."""
+        count = self.num_hidden_layers
+        if not count:
+            return 0, []
+        roots = "|".join(re.escape(root) for root in self.family.roots)
+        pattern = re.compile(rf"(?:{roots})layers\.(\d{{1,{MAX_LAYER_DIGITS}}})\.")
+        present = {int(match[1]) for match in map(pattern.match, names) if match}
+        if not present:
+            return 0, []
+        held = sum(1 for number in present if number < count)
+        first = [number for number in range(min(count, held + listed)) if number not in present]
+        return count - held, first[:listed]
+
     def is_mtp(self, prefix: str) -> bool:
         return self.mtp_label(prefix) is not None
 

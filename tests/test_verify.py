@@ -87,6 +87,18 @@ def reseal(pkg: Path) -> None:
     write_json(pkg / PROVENANCE, prov)
 
 
+def drop_everywhere(pkg: Path, names: list[str]) -> None:
+    """Remove tensors from the description, the index and the shard, then reseal: a package
+    consistent in itself that lacks them."""
+    desc, index = read_json(pkg / DESCRIPTION), read_json(pkg / INDEX)
+    for name in names:
+        del desc[name], index["weight_map"][name]
+    write_json(pkg / DESCRIPTION, desc)
+    write_json(pkg / INDEX, index)
+    edit_shard(pkg, lambda t: [t.pop(name) for name in names])
+    reseal(pkg)
+
+
 def failed(report) -> set[str]:
     return {c.name for c in report.failed}
 
@@ -492,18 +504,30 @@ def test_description_missing_an_entry(package):
 def test_whole_moe_layer_missing_an_expert(package):
     pkg = package(MOE, "w4a8-mxfp")
     name = "model.layers.0.mlp.experts.1.up_proj"
-    desc = read_json(pkg / DESCRIPTION)
-    index = read_json(pkg / INDEX)
-    for suffix in (".weight", ".weight_scale"):
-        del desc[name + suffix]
-        del index["weight_map"][name + suffix]
-    write_json(pkg / DESCRIPTION, desc)
-    write_json(pkg / INDEX, index)
-    edit_shard(pkg, lambda t: [t.pop(name + s) for s in (".weight", ".weight_scale")])
-    reseal(pkg)
+    drop_everywhere(pkg, [name + ".weight", name + ".weight_scale"])
     report = verify(pkg)
     assert failed(report) == {"coverage"}
     assert "model.layers.0.mlp.experts.1 has no up_proj" in problems(report, "coverage")
+
+
+def test_a_decoder_layer_missing_everywhere_fails_coverage(package):
+    """vLLM builds num_hidden_layers layers: one no tensor is loaded into runs on uninitialised
+    weights. Layer 1 dropped from description, index and shard (or config.json saying 3 layers)
+    once passed verify."""
+    pkg = package()
+    drop_everywhere(pkg, [n for n in read_json(pkg / DESCRIPTION) if n.startswith("model.layers.1.")])
+    report = verify(pkg)
+    assert failed(report) == {"coverage"}
+    assert problems(report, "coverage") == (
+        f"config.json's num_hidden_layers is 2, but {DESCRIPTION} holds no tensor of layer 1: vLLM builds every "
+        "layer and runs one it loaded nothing into on uninitialised weights"
+    )
+    pkg = package(name="more-layers")
+    config = read_json(pkg / "config.json")
+    config["num_hidden_layers"] = 10**12  # bounded by the names, not the count
+    write_json(pkg / "config.json", config)
+    reseal(pkg)
+    assert "holds no tensor of layers 2, 3, 4, 5, 6 and 999999999993 more:" in problems(verify(pkg), "coverage")
 
 
 def test_missing_shard_and_numbering(package, converted):

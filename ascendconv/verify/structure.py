@@ -204,6 +204,14 @@ def check_coverage(lay: _Layout) -> Check:
         problems.append(f"{shown(name)} ({lay.tensors[name].path.name}) is a block-FP8 scale; an AscendV1 package has none")
     # whole MoE layers: the rule convert applies to its source (io.rules)
     problems += moe_coverage_problems(lay.description, lay.pkg.config, DESCRIPTION_NAME)
+    absent, first = lay.rules.missing_layers(lay.description)
+    if absent:
+        named = ", ".join(map(str, first)) + (f" and {absent - len(first)} more" if absent > len(first) else "")
+        problems.append(
+            f"config.json's num_hidden_layers is {lay.rules.num_hidden_layers}, but {DESCRIPTION_NAME} holds no tensor "
+            f"of {'layer' if absent == 1 else 'layers'} {named}: vLLM builds every layer and runs one it loaded "
+            "nothing into on uninitialised weights"
+        )
     return make_check("coverage", problems, f"{plural(len(stored), 'tensor')}, each described and stored once")
 
 
