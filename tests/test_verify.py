@@ -36,6 +36,7 @@ INDEX = "quant_model_weights.safetensors.index.json"
 DESCRIPTION = "quant_model_description.json"
 PROVENANCE = "ascendconv_provenance.json"
 Q = "model.layers.0.self_attn.q_proj"
+O = "model.layers.0.self_attn.o_proj"  # in no packed group
 STRUCTURAL = (
     "files", "config", "description", "headers", "index", "coverage", "dtypes", "shapes", "pairs",
     "alignment", "packed_groups", "scales", "payload", "provenance", "checksums", "copies",
@@ -236,6 +237,25 @@ def test_wrong_dtype_code(package, tensor, dtype, words):
     report = verify(pkg)
     assert failed(report) == {"dtypes"}
     assert f"{tensor!r} ({SHARD}) {words}" in problems(report, "dtypes")
+
+
+@pytest.mark.parametrize("tensor, dtype", [("model.layers.0.input_layernorm.weight", "I16"), (O + ".weight", "U8")])
+def test_an_integer_weight_labelled_float_fails_dtypes(package, tensor, dtype):
+    """The loader copies a FLOAT tensor into a float weight by value: I16 codes in a layernorm, or a
+    W4A8 payload relabelled FLOAT with its scale dropped, once passed verify."""
+    pkg = package(scheme="w4a8-mxfp")
+    if tensor == O + ".weight":
+        drop_everywhere(pkg, [O + ".weight_scale"])
+        desc = read_json(pkg / DESCRIPTION)
+        desc[tensor] = "FLOAT"
+        write_json(pkg / DESCRIPTION, desc)
+    edit_shard(pkg, lambda t: t.__setitem__(tensor, (dtype, *t[tensor][1:])))
+    reseal(pkg)
+    report = verify(pkg)
+    assert failed(report) == {"dtypes"}
+    assert problems(report, "dtypes") == (
+        f"{tensor!r} ({SHARD}) is {dtype} but labelled FLOAT: the loader copies it into a float weight by value"
+    )
 
 
 def test_wrong_dtype_is_caught_numerically_too(package):

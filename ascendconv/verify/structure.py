@@ -29,7 +29,7 @@ from ascendconv.decide import (
 )
 from ascendconv.models import ModelRules, config_value, heads_problem, is_embedding
 from ascendconv.verify.checks import make_check, skip_check
-from ascendconv.verify.layout import _Layout
+from ascendconv.verify.layout import FLOAT_DTYPES, _Layout
 from ascendconv.verify.report import Check
 
 
@@ -232,6 +232,10 @@ def check_dtypes(lay: _Layout) -> Check:
         elif label == FLOAT:
             if entry.dtype in FP8_DTYPES:
                 problems.append(f"{where} is {entry.dtype} but labelled FLOAT: the loader reads it as float by value")
+            elif entry.dtype not in FLOAT_DTYPES and name.endswith((".weight", ".bias")):
+                # vLLM's parameter of an unquantized weight or bias is float: the loader copies the codes in as numbers
+                problems.append(f"{where} is {entry.dtype} but labelled FLOAT: the loader copies it into a float "
+                                "weight by value")
             prefix = name[: -len(".bias")] if name.endswith(".bias") else None
             module = lay.modules.get(prefix) if prefix else None
             if module is not None and module.label in MX_TYPES and entry.dtype != "F32":
