@@ -175,6 +175,8 @@ def test_verify_source_proves_each_shard_was_made_from_the_bytes_given(tmp_path)
     source = verify(tmp_path / "pkg", VerifyOptions(source=src)).check("source")
     assert not source.ok and "was made from other source bytes than the source given holds" in source.detail
     assert source.detail.count("other source bytes") == 1  # the padding's shard only
+    # which of the two sides may have changed, the package's among them
+    assert "a source changed since it was converted, or tensors of this shard moved to another or removed" in source.detail
     result = runner.invoke(app, ["verify", str(tmp_path / "pkg"), "--source", str(src), "--quiet"])
     assert result.exit_code == 1 and "Traceback" not in result.output
 

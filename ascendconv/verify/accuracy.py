@@ -290,8 +290,9 @@ def _data_problems(recorded: dict[str, str], made_of: dict[str, list | None], di
     for shard, sources in sorted(made_of.items()):
         if sources is not None and reads_digest({e.name: digests[e.name] for e in sources}) != recorded[shard]:
             problems.append(f"package shard {shard} was made from other source bytes than the source given holds "
-                            f"(its recorded {SOURCE_DATA_KEY} differs): a fine-tune, another revision, or a source "
-                            "changed since it was converted")
+                            f"(its recorded {SOURCE_DATA_KEY} differs): a fine-tune, another revision, a source "
+                            "changed since it was converted, or tensors of this shard moved to another or removed "
+                            "since it was written")
     return problems
 
 
