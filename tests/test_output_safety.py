@@ -519,6 +519,39 @@ def test_a_source_shard_cut_short_mid_run_is_a_named_error(tmp_path):
     assert shard.stat().st_size == 1_000_000
 
 
+def test_a_source_shard_replaced_after_planning_is_a_named_error(fixture_copy, tmp_path, monkeypatch):
+    """A copy renamed over a shard after its header was read (a download finishing): its tensors
+    are elsewhere in the new file (a longer header moves them), and reading them at the planned
+    offsets made a package of header bytes and shifted data, exit 0 (verify --source refused it)."""
+    import ascendconv.convert as convert_module
+    from robust_helpers import read_raw_header, write_raw_header
+
+    src = fixture_copy("qwen3-moe-fp8")
+    shard = src / "model-00003-of-00003.safetensors"
+    planned = convert_module.plan_for
+
+    def plan_then_replace(source, options):
+        plan = planned(source, options)
+        header, data = read_raw_header(shard)
+        fields = json.loads(header)
+        fields["__metadata__"] = {"padding": "x" * 4000}
+        write_raw_header(shard.with_suffix(".new"), json.dumps(fields).encode(), data)
+        os.rename(shard.with_suffix(".new"), shard)
+        return plan
+
+    monkeypatch.setattr(convert_module, "plan_for", plan_then_replace)
+    result = runner.invoke(app, ["convert", str(src), str(tmp_path / "out"), "--quiet", "--json"])
+    assert result.exit_code == 3, result.output
+    error = json.loads(result.stdout.splitlines()[0])
+    assert error["error"] == "SourceChangedError"
+    assert error["message"] == (
+        f"{shard}: replaced or rewritten since its header was read (another file, size or modification time), "
+        "so its tensors are no longer where that header put them"
+    )
+    assert error["hint"] == "let whatever writes the checkpoint finish, then run again"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
 def test_mapped_reads_guard_names_the_file_a_writer_takes(tmp_path):
     from ascendconv.errors import SourceChangedError
     from ascendconv.io.files import mapped_reads_guarded

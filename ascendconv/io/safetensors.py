@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
-from ascendconv.errors import HeaderError, OutOfMemoryError, TruncatedFileError, shown
+from ascendconv.errors import HeaderError, OutOfMemoryError, SourceChangedError, TruncatedFileError, shown
 from ascendconv.gcpause import record_builder
 from ascendconv.io.files import is_text, lease, open_regular, parse_json_bytes, populate, unlease
 
@@ -129,10 +129,20 @@ class SafetensorsHeader:
     tensors: dict[str, TensorEntry]
     metadata: dict[str, str]
     header_bytes: bytes = field(repr=False)
+    stamp: FileStamp | None = None  # the file the header was read from (file_stamp)
 
     @property
     def data_size(self) -> int:
         return self.file_size - self.data_start
+
+
+FileStamp = tuple[int, int, int, int]
+
+
+def file_stamp(st: os.stat_result) -> FileStamp:
+    """(device, inode, size, mtime) of a file: another file renamed into its place, or the same
+    file rewritten, has another."""
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def read_header(path: str | os.PathLike) -> SafetensorsHeader:
@@ -145,6 +155,7 @@ def read_header(path: str | os.PathLike) -> SafetensorsHeader:
     try:
         fd, file_size = open_regular(path)
         try:
+            stamp = file_stamp(os.fstat(fd))
             prefix = os.pread(fd, 8, 0)
             if len(prefix) < 8:
                 raise TruncatedFileError(f"{path}: {file_size} bytes, too short to hold a safetensors header")
@@ -193,7 +204,7 @@ def read_header(path: str | os.PathLike) -> SafetensorsHeader:
         )
     if position < data_size:
         raise HeaderError(f"{path}: {data_size - position} bytes after the last tensor")
-    return SafetensorsHeader(path, file_size, data_start, tensors, dict(metadata), header_bytes)
+    return SafetensorsHeader(path, file_size, data_start, tensors, dict(metadata), header_bytes, stamp)
 
 
 def _contiguous_end(path: Path, tensors: dict[str, TensorEntry], data_start: int) -> int:
@@ -325,9 +336,14 @@ class TensorReader:
     of the file has been touched (as it would be with a mapping of whole files). Past the budget
     the least recently used descriptor no read is using is closed (a mapping keeps its file alive
     without it); a file is opened again when it is next read.
+
+    `stamps` (path -> file_stamp of the file its header was read from) are checked at every open:
+    tensors are read at the offsets that header gave, so bytes read from a file put in its place
+    since (a download renaming a new copy over it) would be misread, or read from the wrong place.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, stamps: dict[Path, FileStamp] | None = None) -> None:
+        self._stamps = stamps or {}
         self._fds: OrderedDict[Path, int] = OrderedDict()  # least recently used first
         self._using: dict[Path, int] = {}  # reads in flight per file: their descriptor stays open
         self._budget = open_file_budget()
@@ -341,6 +357,7 @@ class TensorReader:
             if fd is None:
                 self._evict()
                 fd, _ = open_regular(path)  # O_NONBLOCK: never waits on a FIFO put in the file's place
+                self._check_stamp(fd, path)
                 if hasattr(os, "posix_fadvise"):  # tensors are read front to back: read ahead generously
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
                 lease(fd, path)  # mapped reads: see files.mapped_reads_guarded
@@ -352,6 +369,16 @@ class TensorReader:
         finally:
             with self._lock:
                 self._using[path] -= 1
+
+    def _check_stamp(self, fd: int, path: Path) -> None:
+        expected = self._stamps.get(path)
+        if expected is None or file_stamp(os.fstat(fd)) == expected:
+            return
+        os.close(fd)
+        raise SourceChangedError(
+            f"{path}: replaced or rewritten since its header was read (another file, size or modification time), "
+            "so its tensors are no longer where that header put them"
+        )
 
     def _evict(self) -> None:
         """Close least recently used descriptors no read is using until one more fits the budget."""

@@ -221,7 +221,7 @@ class Checkpoint:
         tensors = merge_headers(headers, weight_map, root / INDEX_NAME)
         if not in_file_order(headers):  # merged in header order: sorted already when each header is
             tensors = dict(sorted(tensors.items(), key=lambda kv: (kv[1].path.name, kv[1].offset)))
-        return cls(root, config, config_path, headers, tensors)
+        return cls(root, config, config_path, headers, tensors, TensorReader({h.path: h.stamp for h in headers}))
 
     def respell(self, renames: tuple[tuple[str, str], ...]) -> None:
         """Name the tensors as the package does: each (source spelling, package spelling) infix of
