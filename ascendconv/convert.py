@@ -7,13 +7,14 @@ directory and renamed into place only when complete. Nothing here prints.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from ascendconv.ascendv1 import DESCRIPTION_NAME, package_date
 from ascendconv.errors import BadOptionError, CopiedFileError, InputError, UnrecognizedCheckpointError, shown
@@ -195,7 +196,7 @@ def convert(
             staged_output = StagedOutput(out, check, adopt, LEDGER_NAME, notice)
             # output_errors twice: outside for the staging's own set-up, inside so that a write error is
             # named before the staging's clean-up adds where kept work is (--resume)
-            with output_errors(out), mapped_reads_guarded(), staged_output as staged, output_errors(out):
+            with output_errors(out), mapped_reads_guarded(), staged_output as staged, output_errors(out), closed_on_failure(source):
                 if options.resume:
                     digests, reads, reused = resume_shards(
                         source, plan, kernel, staged, workers, progress, wanted, identity, closed
@@ -214,6 +215,17 @@ def convert(
             return ConvertResult(out, plan, kernel.name, seconds, False, digests, bytes_written, sorted(reused), options.part)
         finally:
             source.close()
+
+
+@contextlib.contextmanager
+def closed_on_failure(source: Source) -> Iterator[None]:
+    """Close the source's files as soon as the block fails, before the staging is removed: out of
+    descriptors (ulimit -n), removing it needs the ones the source holds, and it was left behind."""
+    try:
+        yield
+    except BaseException:
+        source.close()
+        raise
 
 
 def shard_counter(count: int, on_shard: Callable[[int, int], None] | None) -> Callable[[str, str, str], None]:

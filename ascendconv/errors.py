@@ -6,6 +6,8 @@ class name as a stable error code. Library code raises these and never exits.
 
 from __future__ import annotations
 
+import errno
+
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
 EXIT_USAGE = 2
@@ -333,10 +335,33 @@ class FileSystemError(EnvironmentProblem):
     default_hint = "check the path and the disk it is on (dmesg for I/O errors), then run the command again"
 
 
-def file_system_error(exc: OSError) -> FileSystemError:
+def file_system_error(exc: OSError) -> FileSystemError | TooManyOpenFilesError:
     """An unforeseen OSError as the named error naming the path and the system's words."""
     where = " -> ".join(clip(str(f)) for f in (exc.filename, exc.filename2) if f is not None) or "a file"
+    if exc.errno in OPEN_FILES_EXHAUSTED:
+        return too_many_open_files(exc, where)
     return FileSystemError(f"{where}: {exc.strerror or exc}")
+
+
+class TooManyOpenFilesError(EnvironmentProblem):
+    """No file descriptor left (ulimit -n, or the system's table): the files are sound, and neither
+    free space nor another download would help."""
+
+    default_hint = "raise the open-file limit (ulimit -n 4096; the system's: sysctl fs.file-max), then run the command again"
+
+
+OPEN_FILES_EXHAUSTED = (errno.EMFILE, errno.ENFILE)
+
+
+def too_many_open_files(exc: OSError, where: object) -> TooManyOpenFilesError:
+    """EMFILE or ENFILE met opening (or mapping) `where`, as the named error with this process's limit."""
+    try:
+        import resource
+
+        limit = f"; this process may have {resource.getrlimit(resource.RLIMIT_NOFILE)[0]} open (ulimit -n)"
+    except (ImportError, OSError, ValueError):  # not POSIX
+        limit = ""
+    return TooManyOpenFilesError(f"{clip(str(where))}: cannot be opened: {exc.strerror or 'too many open files'}{limit}")
 
 
 class StdoutWriteError(EnvironmentProblem):

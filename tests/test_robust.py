@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import FIXTURES, load_shard
+from conftest import FIXTURES, load_shard, write_large_checkpoint
 from robust_helpers import (
     assert_clean,
     dumps_any,
@@ -470,6 +470,29 @@ def test_file_size_limit_in_a_real_process(tmp_path):
     assert result.returncode == 4, result.stderr
     assert json.loads(result.stdout.splitlines()[0])["error"] == "OutputWriteError"
     assert "ulimit" in result.stderr and "Traceback" not in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+@pytest.mark.parametrize("limit", [12, 16])
+def test_open_file_limit_in_a_real_process(tmp_path, limit):
+    """`ulimit -n`: out of descriptors, a source shard's open (or mmap's duplicate) failing was
+    TruncatedFileError ('download it again', exit 3) or OutputWriteError ('free space'), and with the
+    source's descriptors still held the staging could not be removed: left beside OUT."""
+    import resource
+
+    def limited():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+    src = write_large_checkpoint(tmp_path / "src", shards=40, linears_per_shard=1, n=256, k=512)
+    result = run_cli("convert", src, tmp_path / "out", "--json", "--quiet", preexec_fn=limited)
+    assert result.returncode == 4, result.stderr
+    error = json.loads(result.stdout.splitlines()[0])
+    assert error["error"] == "TooManyOpenFilesError", error
+    assert error["message"].endswith(f": cannot be opened: Too many open files; this process may have {limit} open (ulimit -n)")
+    assert error["hint"] == (
+        "raise the open-file limit (ulimit -n 4096; the system's: sysctl fs.file-max), then run the command again"
+    )
+    assert "Traceback" not in result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
 
 

@@ -19,7 +19,15 @@ import struct
 from pathlib import Path
 from typing import Iterator
 
-from ascendconv.errors import NoSpaceError, OutputPathError, OutputWriteError, shown
+from ascendconv.errors import (
+    OPEN_FILES_EXHAUSTED,
+    NoSpaceError,
+    OutputPathError,
+    OutputWriteError,
+    TooManyOpenFilesError,
+    shown,
+    too_many_open_files,
+)
 
 # Bytes the staging and lock names add to OUT's name ('.NAME.ascendconv-partial-<unique>').
 NAME_DECORATION_BYTES = 64
@@ -153,10 +161,14 @@ _NO_SPACE = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
 _REFUSED = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENAMETOOLONG, errno.EISDIR, errno.ENOTDIR, errno.EEXIST}
 
 
-def output_error(exc: OSError, out: Path, shard_size_option: bool = True) -> OutputWriteError | OutputPathError:
+def output_error(
+    exc: OSError, out: Path, shard_size_option: bool = True
+) -> OutputWriteError | OutputPathError | TooManyOpenFilesError:
     """The named error for an OSError raised while the package at `out` was being written (by a
     command with --max-shard-size, or without: assemble)."""
     where = exc.filename or out
+    if exc.errno in OPEN_FILES_EXHAUSTED:  # a source file as likely as one of the package's
+        return too_many_open_files(exc, where)
     if exc.errno in _NO_SPACE:
         free = ""
         with contextlib.suppress(OSError):

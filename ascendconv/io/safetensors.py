@@ -21,7 +21,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
-from ascendconv.errors import HeaderError, OutOfMemoryError, SourceChangedError, TruncatedFileError, shown
+from ascendconv.errors import (
+    OPEN_FILES_EXHAUSTED,
+    HeaderError,
+    OutOfMemoryError,
+    SourceChangedError,
+    TruncatedFileError,
+    shown,
+    too_many_open_files,
+)
 from ascendconv.gcpause import record_builder
 from ascendconv.io.files import is_text, lease, open_regular, parse_json_bytes, populate, unlease
 
@@ -169,6 +177,8 @@ def read_header(path: str | os.PathLike) -> SafetensorsHeader:
         finally:
             os.close(fd)
     except OSError as exc:
+        if exc.errno in OPEN_FILES_EXHAUSTED:
+            raise too_many_open_files(exc, path) from exc
         raise HeaderError(f"{path}: cannot read: {exc.strerror}") from exc
     header = parse_json_bytes(header_bytes, f"{path}: the header", HeaderError)
     if not isinstance(header, dict):
@@ -316,8 +326,10 @@ def _parse_entry(path: Path, name: str, info: object, data_start: int) -> Tensor
 
 def open_file_budget() -> int:
     """How many source files a reader keeps open at once: a quarter of this process's descriptor
-    limit (ulimit -n), at most 512, at least 16. A checkpoint of 1,000+ shards would otherwise exhaust
-    a limit of 1024 and fail as if its files were unreadable."""
+    limit (ulimit -n), at most 512, at least 1. A checkpoint of 1,000+ shards would otherwise exhaust
+    a limit of 1024 and fail as if its files were unreadable; a floor above a quarter took the whole
+    of a small limit (16 of `ulimit -n 16`), leaving no descriptor to write the package or remove
+    its staging with."""
     try:
         import resource
 
@@ -325,7 +337,7 @@ def open_file_budget() -> int:
         soft = 2048 if soft == resource.RLIM_INFINITY else soft
     except (ImportError, OSError, ValueError):  # not POSIX
         soft = 1024
-    return max(16, min(512, soft // 4))
+    return max(1, min(512, soft // 4))
 
 
 class TensorReader:
@@ -429,6 +441,8 @@ class TensorReader:
         except (OSError, ValueError) as exc:  # e.g. the file shrank below the range
             if getattr(exc, "errno", None) == errno.ENOMEM:  # this machine's memory, not the file, is short
                 raise OutOfMemoryError(f"{entry.path}: no memory left to map tensor {shown(entry.name)}") from exc
+            if getattr(exc, "errno", None) in OPEN_FILES_EXHAUSTED:  # mmap holds a duplicate of the descriptor
+                raise too_many_open_files(exc, entry.path) from exc
             raise TruncatedFileError(f"{entry.path}: tensor {shown(entry.name)} is cut short ({exc})") from exc
         if not populate(mapped, 0, length):
             mapped.close()
