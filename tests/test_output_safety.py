@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from typer.testing import CliRunner
 import ascendconv.io.outdir as outdir
 from ascendconv.cli import app
 from ascendconv.convert import ConvertOptions, convert
-from ascendconv.errors import Interrupted, NotFoundError, OutputExistsError, OutputPathError, UnsafeOutputError
+from ascendconv.errors import Interrupted, NotFoundError, OutputExistsError, OutputPathError, OutputWriteError, UnsafeOutputError
 from ascendconv.io.hfcache import resolve_source
 from ascendconv.io.outdir import OLD_TAG, STAGING_TAG, OutputLock
 from conftest import FIXTURES, write_large_checkpoint
@@ -721,3 +722,24 @@ def test_a_dry_run_checks_the_ray_options_as_the_run_does(fixture_copy, tmp_path
     src = fixture_copy(DENSE)
     result = runner.invoke(app, ["convert", str(src), str(tmp_path / "out"), "--dry-run", "--ray", *options, "--json"])
     assert result.exit_code == 2 and words in json.loads(result.stdout)["message"]
+
+
+def test_out_s_directory_removed_during_the_run_is_named_as_such(fixture_copy, tmp_path):
+    """OUT's directory removed while the package was written: 'OutputWriteError ... No such file or
+    directory' with the hint 'free space, raise the file-size limit', which were not the cause."""
+    src = fixture_copy(DENSE)
+    parent = tmp_path / "models"
+    parent.mkdir()
+    removed = []
+
+    def progress(done, total):
+        if not removed:
+            removed.append(shutil.rmtree(parent))
+
+    with pytest.raises(OutputWriteError) as caught:
+        convert(src, parent / "out", ConvertOptions(max_shard_size=100_000), progress=progress)
+    error = caught.value
+    assert "No such file or directory: the directory it was written in was removed or renamed during the run" in error.message
+    assert error.message.endswith("; the package was not written")
+    assert error.hint == "leave OUT's directory in place until convert ends, then run it again"
+    assert not parent.exists()

@@ -183,6 +183,12 @@ def output_error(
         )
     if exc.errno in _REFUSED:
         return OutputPathError(f"{where}: {exc.strerror}; the package was not written")
+    if exc.errno == errno.ENOENT and not os.path.isdir(os.path.dirname(os.path.abspath(where))):
+        return OutputWriteError(
+            f"{where}: {exc.strerror}: the directory it was written in was removed or renamed during the run; "
+            "the package was not written",
+            "leave OUT's directory in place until convert ends, then run it again",
+        )
     return OutputWriteError(f"{where}: {exc.strerror or exc}; the package was not written")
 
 
