@@ -457,6 +457,27 @@ def test_write_failure_is_a_named_error(fixture_copy, tmp_path, monkeypatch, err
     assert [p.name for p in tmp_path.iterdir()] == ["src"]
 
 
+def test_a_file_system_out_of_inodes_is_named_as_such(tmp_path, monkeypatch):
+    """A tmpfs of nr_inodes=4 with 20 MiB free: 'the file system is full (20.00 MiB free now)', a
+    contradiction. Tried on such a tmpfs the lock file fails first; here the file system is
+    stood in by statvfs's answer."""
+    import errno
+
+    import ascendconv.io.output as output
+
+    exc = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / ".out.ascendconv-lock"))
+    full = os.statvfs(tmp_path)
+    no_inodes = os.statvfs_result((*full[:5], 4, 0, 0, *full[8:]))  # f_files, f_ffree, f_favail
+    monkeypatch.setattr(output.os, "statvfs", lambda path: no_inodes)
+    error = output.output_error(exc, tmp_path / "out")
+    monkeypatch.setattr(output.os, "statvfs", lambda path: full)
+    other = output.output_error(exc, tmp_path / "out")
+    assert type(error).__name__ == "NoSpaceError"
+    assert error.message.startswith(f"{tmp_path}/.out.ascendconv-lock: the file system has no free inodes left: it can hold no more files, though ")
+    assert error.hint == "delete files there (df -i shows the inodes), or choose an OUT on another file system"
+    assert "the file system is full" in other.message and "inodes" not in other.message
+
+
 def test_file_size_limit_in_a_real_process(tmp_path):
     """`ulimit -f`: Python ignores SIGXFSZ, so the write fails with EFBIG: a named error."""
     import resource

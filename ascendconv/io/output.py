@@ -142,6 +142,11 @@ def _free_bytes(st: os.statvfs_result) -> int:
     return blocks * st.f_frsize
 
 
+def _free_inodes(st: os.statvfs_result) -> int:
+    """Files this process may still create (root, as with blocks, also the reserved ones)."""
+    return st.f_ffree if hasattr(os, "geteuid") and os.geteuid() == 0 else st.f_favail
+
+
 def check_free_space(out: Path, needed: int) -> None:
     """NoSpaceError unless the file system OUT goes to has `needed` bytes free (for this user)."""
     parent = existing_ancestor(out.parent)
@@ -170,10 +175,16 @@ def output_error(
     if exc.errno in OPEN_FILES_EXHAUSTED:  # a source file as likely as one of the package's
         return too_many_open_files(exc, where)
     if exc.errno in _NO_SPACE:
-        free = ""
+        free, st = "", None
         with contextlib.suppress(OSError):
             st = os.statvfs(existing_ancestor(out.parent))
             free = f" ({_human(_free_bytes(st))} free now)"
+        if st is not None and st.f_files and not _free_inodes(st):  # f_files 0: no inode table to run out of
+            return NoSpaceError(
+                f"{where}: the file system has no free inodes left: it can hold no more files, though "
+                f"{_human(_free_bytes(st))} are free; the package was not written",
+                "delete files there (df -i shows the inodes), or choose an OUT on another file system",
+            )
         return NoSpaceError(f"{where}: the file system is full{free}; the package was not written")
     if exc.errno == errno.EFBIG:
         return OutputWriteError(
