@@ -202,3 +202,32 @@ def test_an_empty_ray_address_is_refused_never_a_run_without_ray():
     result = runner.invoke(app, ["convert", "fixtures/qwen3-dense-fp8", "out", "--ray-address", "", "--dry-run", "--json"])
     data = json.loads(result.stdout)
     assert (result.exit_code, data["error"], data["message"]) == (2, "BadOptionError", "--ray-address '': not a Ray address")
+
+
+def _interrupted_while_importing():
+    try:
+        raise KeyboardInterrupt
+    except KeyboardInterrupt as exc:  # numpy, interrupted while imported, raises ImportError from it
+        raise ImportError("numpy._core.umath failed to import") from exc
+
+
+@pytest.mark.parametrize("raised", [KeyboardInterrupt, _interrupted_while_importing], ids=["ctrl-c", "ctrl-c-in-an-import"])
+def test_a_ctrl_c_outside_the_library_call_is_an_interrupt_not_a_failure(monkeypatch, tmp_path, raised):
+    """A Ctrl-C in a command's own lazy imports, before the library call: Click's 'Aborted!' and exit
+    1 (verify's 'a check failed'), or, inside numpy's import, a traceback of ImportError and exit 1;
+    under --json no envelope."""
+    import ascendconv.cli.inspect as inspect_command
+
+    def interrupted():
+        if raised is KeyboardInterrupt:
+            raise KeyboardInterrupt
+        raised()
+
+    monkeypatch.setattr(inspect_command, "header_only_process", interrupted)
+    result = runner.invoke(app, ["inspect", str(tmp_path), "--json"])
+    assert result.exit_code == 130, result.output
+    assert json.loads(result.stdout) == {
+        "ok": False, "schema": 1, "command": "inspect", "error": "Interrupted", "message": "interrupted",
+        "hint": None, "exit_code": 130,
+    }
+    assert result.stderr == "interrupted\n"  # no trailing space where no signal is named

@@ -743,3 +743,27 @@ def test_out_s_directory_removed_during_the_run_is_named_as_such(fixture_copy, t
     assert error.message.endswith("; the package was not written")
     assert error.hint == "leave OUT's directory in place until convert ends, then run it again"
     assert not parent.exists()
+
+
+def test_an_interrupt_whose_exception_was_lost_still_ends_the_run_before_publishing(fixture_copy, tmp_path):
+    """Ctrl-C while Python ran an import lock's callback: our handler's Interrupted was 'Exception
+    ignored in: <function _get_module_lock.<locals>.cb>', and the run went on to exit 0 with the
+    package published. The signal the handler saw is checked before the rename."""
+    from ascendconv.errors import Interrupted
+
+    src = fixture_copy(DENSE)
+    lost = []
+
+    def progress(done, total):
+        if not lost:
+            try:
+                outdir._raise_interrupt(signal.SIGINT, None)  # as the handler does...
+            except Interrupted as exc:
+                lost.append(exc)  # ...inside a callback whose exceptions Python ignores
+
+    with outdir.signals_interrupt():
+        with pytest.raises(Interrupted) as caught:
+            convert(src, tmp_path / "out", ConvertOptions(), progress=progress)
+    assert lost and caught.value.signum == signal.SIGINT
+    assert not (tmp_path / "out").exists() and hidden_siblings(tmp_path) == []
+

@@ -45,16 +45,25 @@ class CommandLine(TyperGroup):
     given, as every other error is: the one JSON error object on stdout, and on stderr its message
     and hint alone (Click's usage text, meant for a person at a terminal, is left out)."""
 
+    argv: list[str] = []  # the command line main() was given
+
     def invoke(self, ctx):
         """The command; a reader of stdout that left ends it as `leave_broken_pipe` says (Click's own
-        handling, outside, would exit 1)."""
+        handling, outside, would exit 1). A Ctrl-C outside the library call (a command's lazy
+        imports, its rendering) is said as one inside it is: typer's own handling exits 130 without a
+        word or an envelope, and one inside numpy's import is an ImportError, a traceback, exit 1."""
         try:
             return super().invoke(ctx)
         except BrokenPipeError:
             leave_broken_pipe()
+        except (KeyboardInterrupt, ImportError) as exc:
+            interrupt = interrupt_behind(exc)
+            if interrupt is None:
+                raise
+            raise typer.Exit(report_interrupt(interrupt, self.json_flag_given(self.argv), ctx.invoked_subcommand))
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
-        argv = list(sys.argv[1:] if args is None else args)
+        argv = self.argv = list(sys.argv[1:] if args is None else args)
         if not standalone_mode:
             return super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
         escape_unencodable()
@@ -193,16 +202,31 @@ def run(action: Callable[[], object], as_json: bool, command: str) -> object:
         report_error(named, as_json, command)
         raise typer.Exit(named.exit_code)
     except KeyboardInterrupt as exc:
-        what = f"by {signal.Signals(exc.signum).name}" if isinstance(exc, Interrupted) else ""
-        outcome = getattr(exc, "outcome", None)
-        err.print(
-            f"[bold red]interrupted[/] {what}" + (f": {escape(terminal_safe(outcome))}" if outcome else ""), highlight=False, soft_wrap=True
-        )
-        code = exc.exit_code if isinstance(exc, Interrupted) else EXIT_INTERRUPTED
-        if as_json:
-            dump_envelope(error_envelope(command, "Interrupted", f"interrupted {what}".strip(), outcome, code))
-        exit_quietly_if_interrupted_again()
-        raise typer.Exit(code)
+        raise typer.Exit(report_interrupt(exc, as_json, command))
+
+
+def report_interrupt(exc: KeyboardInterrupt, as_json: bool, command: str | None) -> int:
+    """Say an interrupt as every command does ('interrupted by SIGTERM: what is at OUT', under --json
+    the envelope too) and return its exit code (128 + the signal)."""
+    what = f"by {signal.Signals(exc.signum).name}" if isinstance(exc, Interrupted) else ""
+    outcome = getattr(exc, "outcome", None)
+    err.print(
+        "[bold red]interrupted[/]" + (f" {what}" if what else "") + (f": {escape(terminal_safe(outcome))}" if outcome else ""),
+        highlight=False, soft_wrap=True,
+    )
+    code = exc.exit_code if isinstance(exc, Interrupted) else EXIT_INTERRUPTED
+    if as_json:
+        dump_envelope(error_envelope(command, "Interrupted", f"interrupted {what}".strip(), outcome, code))
+    exit_quietly_if_interrupted_again()
+    return code
+
+
+def interrupt_behind(exc: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C behind an exception: itself, or the one a module interrupted while it was imported
+    (numpy's, lazily, in a command) raised its ImportError from."""
+    while exc is not None and not isinstance(exc, KeyboardInterrupt):
+        exc = exc.__cause__ or exc.__context__
+    return exc
 
 
 def exit_quietly_if_interrupted_again() -> None:

@@ -135,6 +135,14 @@ def _raise_interrupt(signum: int, frame) -> None:
     raise Interrupted(signum)
 
 
+def raise_unheard_interrupt() -> None:
+    """Interrupted if our handler saw a signal whose exception never reached the run: raised while
+    Python ran a callback whose exceptions it ignores (an import lock's, a finalizer: "Exception
+    ignored in ..."), it was lost, and the run went on to publish as if never interrupted."""
+    if _received:
+        raise Interrupted(_received[0])
+
+
 def as_interrupt(exc: KeyboardInterrupt) -> Interrupted:
     """Our Interrupted for a KeyboardInterrupt that a library raised in its place (Ray's waits turn
     the one our handler raised into a plain one): the signal our handler last saw, else SIGINT."""
@@ -510,6 +518,7 @@ class StagedOutput:
             changed = f"{exc.message}: it changed while the package was being written, and is left as it is"
             raise type(exc)(changed, exc.hint) from None
         replacing = self.out.is_dir() and any(self.out.iterdir())
+        raise_unheard_interrupt()
         with signals_deferred():  # the two renames: both or neither
             swapped = False
             trash = self.out.parent / f".{self.out.name}{OLD_TAG}{secrets.token_hex(8)}"
