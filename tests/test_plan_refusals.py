@@ -151,10 +151,8 @@ def test_a_release_leaving_one_packed_member_unquantized_converts_its_group_floa
 
 @pytest.mark.parametrize(
     "dtype,shape,stored",
-    # (U8 and I8 projection weights without a quantization_config are refused as unrecognized packed
-    # payloads: tests/test_mx_native.py)
-    [("F64", None, "F64 [128, 256], a dtype"), ("I32", None, "I32 [128, 256], a dtype"),
-     ("BF16", (256,), "BF16 [256], not a 2-D weight")],
+    # (an integer projection weight is refused as an unrecognized quantized payload: below)
+    [("F64", None, "F64 [128, 256], a dtype"), ("BF16", (256,), "BF16 [256], not a 2-D weight")],
 )
 def test_a_float_checkpoint_with_a_packed_member_it_cannot_quantize_converts_its_group_float(tmp_path, dtype, shape, stored):
     q, k = "model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.k_proj"
@@ -164,10 +162,10 @@ def test_a_float_checkpoint_with_a_packed_member_it_cannot_quantize_converts_its
     assert fallbacks[0]["reason"].startswith(f"packed with {q}: the source stores it {stored}")
 
 
-@pytest.mark.parametrize("dtype", ["U8", "I8"])
-def test_a_float_checkpoint_with_a_byte_projection_weight_is_refused_as_unrecognized(tmp_path, dtype):
-    """Bytes named as a projection's weight are some quantized format's payload: copied FLOAT, as they
-    were, the package held codes the runtime reads as values."""
+@pytest.mark.parametrize("dtype", ["U8", "I8", "I32"])
+def test_a_float_checkpoint_with_an_integer_projection_weight_is_refused_as_unrecognized(tmp_path, dtype):
+    """Integers named as a projection's weight are some quantized format's codes: copied FLOAT, as they
+    were, the package held codes the runtime reads as values (and verify's dtypes check fails it)."""
     q = "model.layers.0.self_attn.q_proj"
     src = left_unquantized(as_float(FIXTURES / DENSE, tmp_path / "bf16"), tmp_path / "src", q, dtype)
     result = runner.invoke(app, ["convert", str(src), str(tmp_path / "out"), "--json"])

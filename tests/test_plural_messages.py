@@ -159,11 +159,14 @@ def test_the_numerics_count_nan_values_and_codes():
 
 def one_linear(root: Path) -> Path:
     """The dense fixture with one linear left (o_proj, row-parallel), nothing else: what a toy or
-    a test model holds."""
+    a test model holds (one layer, as its config says: verify fails a package missing a layer)."""
     from test_source_formats import respell
 
     keep = "model.layers.0.self_attn.o_proj."
-    return respell(FIXTURES / DENSE, root / "src", lambda name, entry: {name: entry} if name.startswith(keep) else {}, lambda c: c)
+    return respell(
+        FIXTURES / DENSE, root / "src", lambda name, entry: {name: entry} if name.startswith(keep) else {},
+        lambda c: {**c, "num_hidden_layers": 1},
+    )
 
 
 def test_a_checkpoint_of_one_linear_is_counted_in_the_singular(tmp_path):

@@ -22,8 +22,10 @@ from ascendconv.sources.mxfp4_fused import FUSED, GPT_OSS_HINT, GPT_OSS_TARGET, 
 
 FLOAT_DTYPES = ("BF16", "F16", "F32")
 FP8_DTYPES = ("F8_E4M3", "F8_E5M2", "F8_E8M0")
-# MX payloads and E8M0 scales are stored as bytes: a byte tensor is quantized by its name alone
+# MX payloads and E8M0 scales are stored as bytes: a byte tensor is quantized by its name alone;
+# a projection's weight stored in any integer type holds codes (packed ones in the wider types)
 BYTE_DTYPES = ("U8", "I8")
+INTEGER_DTYPES = (*BYTE_DTYPES, "U16", "I16", "U32", "I32", "U64", "I64")
 FUSED_MX_TENSORS = frozenset({*FUSED, *(f + "_scale" for f in FUSED)})  # vLLM's fused MXFP4 experts
 LINEAR_PROJECTIONS = frozenset({
     # attention
@@ -42,15 +44,18 @@ LINEAR_PROJECTIONS = frozenset({
 
 def is_quantized_payload(name: str, dtype: str) -> bool:
     """Whether a tensor of a checkpoint without quantization_config holds quantized values: any FP8
-    tensor, and a byte tensor named as a projection's weight, a packed MXFP4 weight or fused MXFP4
-    experts (vLLM's, gpt-oss's). Copied as FLOAT, such bytes would be taken for values."""
+    tensor, an integer tensor named as a projection's weight, and a byte tensor named as a packed
+    MXFP4 weight or fused MXFP4 experts (vLLM's, gpt-oss's). Copied as FLOAT, such codes would be
+    taken for values."""
     if dtype in FP8_DTYPES:
         return True
-    if dtype not in BYTE_DTYPES:
+    if dtype not in INTEGER_DTYPES:
         return False
     module, _, leaf = name.rpartition(".")
     if name.endswith(WEIGHT_SUFFIX):
         return module.rpartition(".")[2] in LINEAR_PROJECTIONS
+    if dtype not in BYTE_DTYPES:
+        return False
     return leaf in FUSED_MX_TENSORS or name.endswith(PACKED_SUFFIX) or (".experts." in name and leaf.endswith(GPT_OSS_TENSORS))
 
 
