@@ -209,3 +209,33 @@ def test_a_check_that_compared_nothing_is_skipped_and_counted_apart(package, tmp
     assert report.to_dict()["skipped"] == ["exact"]
     assert report.tally() == f"{len(report.passed)} passed, 1 skipped, {len(report.failed)} failed"
     assert VerifyReport(pkg, report.checks[:3], [], [], [], None, report.options, 0).tally() == "3 passed"
+
+
+def test_a_linear_described_with_the_experts_type_fails_provenance_without_the_source(package):
+    """Under w4a8-mxfp-moe linears are W8A8_MXFP8 and routed experts W4A8_MXFP; the check of the
+    recorded scheme took both types as fine for any module, so a w4a8-mxfp package (every linear
+    W4A8_MXFP) recorded as w4a8-mxfp-moe passed plain verify. The roles are the planner's."""
+    pkg = package("qwen3-moe-fp8", scheme="w4a8-mxfp")
+    prov = json.loads((pkg / PROVENANCE_NAME).read_text())
+    prov["scheme"] = "w4a8-mxfp-moe"
+    (pkg / PROVENANCE_NAME).write_text(json.dumps(prov))
+    problems = failed(verify(pkg))
+    assert list(problems) == ["provenance"]
+    assert problems["provenance"] == (
+        f"{PROVENANCE_NAME}: scheme w4a8-mxfp-moe writes W8A8_MXFP8 linears, but 7 linears are described W4A8_MXFP "
+        "(e.g. 'model.layers.0.self_attn.k_proj'), which no recorded fallback or override writes: the package was "
+        "not converted with the scheme recorded"
+    )
+
+
+def test_shared_experts_taken_as_routed_are_checked_as_experts(converted):
+    """--shared-experts-as-routed under w4a16-mxfp4-moe writes the shared experts W4A16_MXFP4 (they are
+    loaded into the routed experts' tensor), and verify's alignment check took them for linears:
+    'W4A16_MXFP4 is for routed experts only', a package convert wrote failing verify."""
+    from ascendconv.decide import Deployment
+
+    pkg = converted(DEEPSEEK, "w4a16-mxfp4-moe", deployment=Deployment(shared_experts_as_routed=True))
+    report = verify(pkg)
+    assert report.ok, failed(report)
+    description = json.loads((pkg / "quant_model_description.json").read_text())
+    assert description["model.layers.1.mlp.shared_experts.down_proj.weight"] == "W4A16_MXFP4"

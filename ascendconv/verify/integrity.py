@@ -218,9 +218,39 @@ def check_provenance(lay: _Layout, source=None) -> Check:
         )
     scheme_problems = lay.pkg.scheme_problems()
     problems += scheme_problems
-    if source is not None and not scheme_problems and lay.pkg.record.scheme is not None:
-        problems += _planned_type_problems(lay, source)
+    if not scheme_problems and lay.pkg.record.scheme is not None:
+        problems += _planned_type_problems(lay, source) if source is not None else _role_problems(lay)
     return make_check("provenance", problems, lay.pkg.record.origin())
+
+
+def _role_problems(lay: _Layout) -> list[str]:
+    """Without the source, what the scheme says of each module by its role: under a scheme whose
+    linears and routed experts ask for different types, a linear described with the experts' type
+    (or an expert with the linears') that no recorded override or fallback wrote. The roles are the
+    planner's own (_Layout.as_expert). Older packages, which record no fallbacks, are not judged."""
+    from ascendconv.ascendv1 import SCHEME_TABLE
+
+    record = lay.pkg.record
+    row = SCHEME_TABLE[record.scheme]  # known: scheme_problems found none
+    if row.native or row.linear == row.expert or "fallbacks" not in (lay.pkg.provenance or {}):
+        return []
+    chosen = {o.rpartition("=")[2] for o in record.overrides}
+    chosen |= {f.get("written") for f in record.fallbacks or [] if isinstance(f, dict)}
+    misplaced: dict[tuple[str, str], list[str]] = {}
+    for prefix, module in sorted(lay.modules.items()):
+        if module.label in chosen or module.label not in (row.linear, row.expert):
+            continue
+        as_expert = lay.as_expert(prefix)
+        asked = row.expert if as_expert else row.linear
+        if module.label != asked:
+            misplaced.setdefault(("routed expert" if as_expert else "linear", module.label), []).append(prefix)
+    return [
+        f"{PROVENANCE_NAME}: scheme {record.scheme} writes {row.expert if role == 'routed expert' else row.linear} "
+        f"{role}s, but {plural(len(prefixes), role)} {'is' if len(prefixes) == 1 else 'are'} described {label} "
+        f"(e.g. {shown(prefixes[0])}), which no recorded fallback or override writes: the package was not "
+        "converted with the scheme recorded"
+        for (role, label), prefixes in sorted(misplaced.items())
+    ]
 
 
 def _planned_type_problems(lay: _Layout, source) -> list[str]:

@@ -3,6 +3,8 @@ so `verify OUT` starts fast; the row reads that need numpy are in `rows`)."""
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -61,6 +63,20 @@ class _Layout:
                 self.modules[prefix] = _Module(
                     prefix, label, self.tensors.get(name), self.tensors.get(prefix + ".weight_scale")
                 )
+
+    @functools.cached_property
+    def _deployment(self):
+        from ascendconv.decide import Deployment
+
+        recorded = self.pkg.record.deployment or {}
+        return Deployment(shared_experts_as_routed=recorded.get("shared_experts_as_routed") is True)
+
+    def as_expert(self, prefix: str) -> bool:
+        """Whether the module takes the routed experts' rules, as the planner decided it
+        (decide.module_group): a routed expert, or a shared one under --shared-experts-as-routed."""
+        from ascendconv.decide import module_group
+
+        return module_group(prefix, self.rules.routed_expert(prefix), self.rules, self._deployment)[1]
 
     def label(self, name: str) -> str | None:
         value = self.description.get(name)

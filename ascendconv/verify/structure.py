@@ -23,7 +23,6 @@ from ascendconv.io.rules import BLOCK_FP8_SCALE_SUFFIX, moe_coverage_problems
 from ascendconv.decide import (
     Deployment,
     alignment_problem,
-    is_routed_expert,
     packed_group,
     rank_k,
 )
@@ -291,7 +290,7 @@ def check_alignment(lay: _Layout) -> Check:
     for prefix, module in sorted(lay.modules.items()):
         if module.label not in MX_TYPES or module.k is None:
             continue
-        problem = alignment_problem(module.label, module.k, is_routed_expert(prefix, lay.rules))
+        problem = alignment_problem(module.label, module.k, lay.as_expert(prefix))
         if problem:
             problems.append(f"{prefix} ({module.label}): {problem}")
     return make_check("alignment", problems, "K of every MX layer meets its type's rule")
@@ -354,7 +353,7 @@ def check_tp(lay: _Layout, tp: int, ep: bool = False) -> Check:
         if lay.rules.tp_role(prefix) in (None, "replicated") or module.n is None:
             continue
         checked += 1
-        routed = is_routed_expert(prefix, lay.rules)
+        routed = lay.as_expert(prefix)
         problem = split_problem(prefix, module.label, module.n, module.k, routed, Deployment(tp, ep), kv_heads, lay.rules)
         if problem:
             problems.append(problem)
