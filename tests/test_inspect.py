@@ -724,3 +724,26 @@ def test_runtime_notes_count_one_in_the_singular():
     assert "1 fallback (see fallbacks), planned for --tp 1" in dense
     deepseek = inspect_path(FIXTURES / DEEPSEEK).schemes["w4a8-mxfp-moe"].runtime
     assert any(note.startswith("1 MoE layer holds shared experts of another type") for note in deepseek)
+
+
+def test_a_recorded_fallback_written_as_no_string_names_no_type_and_ends_nothing(converted, tmp_path):
+    root = tmp_path / "pkg"
+    shutil.copytree(package_of(converted, DENSE, "w8a8-mxfp8"), root)
+    name = "model.layers.0.self_attn.q_proj.weight"
+    description_path = root / "quant_model_description.json"
+    description = json.loads(description_path.read_text())
+    description[name] = "W4A8_MXFP"
+    description_path.write_text(json.dumps(description))
+    provenance_path = root / "ascendconv_provenance.json"
+    provenance = json.loads(provenance_path.read_text())
+    provenance["fallbacks"] = [{"written": ["W4A8_MXFP"]}, {"written": {"W4A8_MXFP": 1}}, 5, None]
+    provenance_path.write_text(json.dumps(provenance))
+    problem = (
+        "ascendconv_provenance.json: scheme w8a8-mxfp8 writes W8A8_MXFP8 linears and W8A8_MXFP8 routed experts, but "
+        f"1 described tensor is W4A8_MXFP (e.g. {name!r}), which no recorded fallback or override writes: the package "
+        "was not converted with the scheme recorded"
+    )
+    assert problem in inspect_path(root).problems
+    result = invoke(root, "--json")
+    assert result.exit_code == 0 and problem in json.loads(result.stdout)["problems"]
+    assert problem in verify(root, VerifyOptions(checksums=False)).check("provenance").problems
