@@ -40,6 +40,7 @@ from ascendconv.io.writer import ShardWriter, TensorSpec
 from ascendconv.sources import Source
 from ascendconv.verify import VerifyOptions, verify
 from conftest import FIXTURE_NAMES, FIXTURES, SCHEMES, load_shard, save_shard
+from robust_helpers import replace_by_no_regular_file
 
 runner = CliRunner()
 DENSE, MOE, DEEPSEEK = "qwen3-dense-fp8", "qwen3-moe-fp8", "deepseek-v3-fp8"
@@ -747,3 +748,37 @@ def test_a_recorded_fallback_written_as_no_string_names_no_type_and_ends_nothing
     result = invoke(root, "--json")
     assert result.exit_code == 0 and problem in json.loads(result.stdout)["problems"]
     assert problem in verify(root, VerifyOptions(checksums=False)).check("provenance").problems
+
+
+NO_REGULAR_FILE = {"dangling link": "a symbolic link to nothing", "FIFO": "a FIFO", "directory": "a directory"}
+
+
+@pytest.mark.parametrize("kind", NO_REGULAR_FILE)
+@pytest.mark.parametrize("file", ["quant_model_weights.safetensors.index.json", "ascendconv_provenance.json", "config.json"])
+def test_a_package_file_that_is_no_regular_file_is_a_disagreement_not_taken_for_none(converted, tmp_path, file, kind):
+    root = tmp_path / "pkg"
+    shutil.copytree(package_of(converted, DENSE, "w8a8-mxfp8"), root)
+    replace_by_no_regular_file(root / file, kind, tmp_path)
+    problem = f"{file} is {NO_REGULAR_FILE[kind]}, not a regular file: read as absent"
+    assert inspect_path(root).problems[0] == problem
+    result = invoke(root, "--json")
+    assert result.exit_code == 0 and json.loads(result.stdout)["problems"][0] == problem
+
+
+@pytest.mark.parametrize("kind, said", [("dangling link", "cannot read (No such file or directory)"),
+                                         ("FIFO", "is a FIFO, not a regular file"),
+                                         ("directory", "is a directory, not a regular file")])
+def test_a_description_that_is_no_regular_file_is_named_not_called_absent(converted, tmp_path, kind, said):
+    root = tmp_path / "pkg"
+    shutil.copytree(package_of(converted, DENSE, "w8a8-mxfp8"), root)
+    replace_by_no_regular_file(root / "quant_model_description.json", kind, tmp_path)
+    message = f"{root / 'quant_model_description.json'}: {said}"
+    with pytest.raises(PackageError) as raised:
+        inspect_path(root)
+    assert (raised.value.message, raised.value.hint) == (message, "pass a directory written by `ascendconv convert`")
+    with pytest.raises(PackageError, match=re.escape(message)):
+        verify(root, VerifyOptions(checksums=False))
+    result = invoke(root, "--json")
+    assert result.exit_code == 3
+    assert {k: v for k, v in json.loads(result.stdout).items() if k in ("error", "message")} == {
+        "error": "PackageError", "message": message}

@@ -70,6 +70,16 @@ def is_regular(path: Path) -> bool:
         return False
 
 
+def irregular_kind(path: Path) -> str | None:
+    """What is at `path` when it is there but no regular file ('a FIFO', 'a directory', 'a symbolic link
+    to nothing'); None for a regular file (symlinks followed) or nothing at all."""
+    try:
+        mode = os.stat(path).st_mode
+        return None if stat.S_ISREG(mode) else _kind(mode)
+    except (OSError, ValueError):
+        return "a symbolic link to nothing" if os.path.islink(path) else None
+
+
 def identity(path: Path, follow: bool = True) -> tuple[int, int] | None:
     """(device, inode) of what `path` names now, or None where there is nothing to stat: the same
     answer before and after a reading says that it read one file or directory throughout."""

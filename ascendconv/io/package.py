@@ -8,6 +8,7 @@ package at all (no readable description) raises.
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -17,7 +18,7 @@ from ascendconv.errors import (
     AscendconvError, HeaderError, NotFoundError, PackageAsSourceError, PackageError, PackageReplacedError,
     PartDirectoryError, plural, shown,
 )
-from ascendconv.io.files import file_size, identity, read_json_object
+from ascendconv.io.files import file_size, identity, irregular_kind, read_json_object
 from ascendconv.formats.constants import FLOAT
 from ascendconv.io.safetensors import SafetensorsHeader, TensorEntry, read_header
 from ascendconv.sources.base import NATIVE_TYPES
@@ -36,7 +37,9 @@ from ascendconv.ascendv1 import (
 
 
 def is_package(path: Path) -> bool:
-    return (path / DESCRIPTION_NAME).is_file()
+    """A description of any kind makes a package: one that is no regular file is refused by name when
+    read, not taken for none (which would call the package incomplete)."""
+    return os.path.lexists(path / DESCRIPTION_NAME)
 
 
 @contextlib.contextmanager
@@ -98,6 +101,7 @@ class Package:
     config: dict | None = None
     expected: list[str] = field(default_factory=list)  # the shards the package is made of
     present: list[str] = field(default_factory=list)  # every *.safetensors in the directory
+    irregular: dict[str, str] = field(default_factory=dict)  # index, provenance, config.json -> what it is instead
 
     @classmethod
     def open(cls, path: str | Path) -> "Package":
@@ -108,6 +112,8 @@ class Package:
             raise PackageError(f"{root}: no {DESCRIPTION_NAME}; this is not an AscendV1 package")
         raw = _load_json(root / DESCRIPTION_NAME)
         description, fields = split_description(raw)
+        # read leniently as absent, as vLLM cannot read them either, but named among the disagreements
+        irregular = {f: kind for f in (INDEX_NAME, PROVENANCE_NAME, "config.json") if (kind := irregular_kind(root / f))}
         index = _load_json(root / INDEX_NAME) if (root / INDEX_NAME).is_file() else None
         if index is not None:
             _check_index(root / INDEX_NAME, index)
@@ -137,7 +143,8 @@ class Package:
                 else:
                     tensors[name] = entry
         return cls(
-            root, description, fields, index, headers, broken, tensors, duplicates, provenance, config, expected, present
+            root, description, fields, index, headers, broken, tensors, duplicates, provenance, config, expected, present,
+            irregular,
         )
 
     @property
@@ -212,7 +219,8 @@ class Package:
 
     def disagreements(self) -> list[str]:
         """Where description, index and shard headers do not name the same tensors."""
-        problems = [
+        problems = [f"{f} is {kind}, not a regular file: read as absent" for f, kind in self.irregular.items()]
+        problems += [
             f"stray file {f}: not part of the package, and vLLM loads every *.safetensors in the directory"
             for f in self.strays
         ]
