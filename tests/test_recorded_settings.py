@@ -102,11 +102,17 @@ def test_a_w4a8_moe_deepseek_package_recorded_as_w8a8_fails_provenance_with_moe_
     assert "24 described tensors are W4A8_MXFP" in report.check("provenance").detail
 
 
-def test_a_relabel_only_the_source_can_tell_is_caught_by_the_recomputed_plan(converted, tmp_path):
-    """w4a8-mxfp-moe writes W8A8_MXFP8 too, so the description's types alone do not refute it;
-    its plan on the source does (routed experts W4A8_MXFP)."""
+def test_a_relabel_the_types_alone_allow_is_caught_by_the_roles_and_the_recomputed_plan(converted, tmp_path):
+    """w4a8-mxfp-moe writes W8A8_MXFP8 too, so the description's types alone do not refute it; the
+    modules' roles do (routed experts W4A8_MXFP), and so does its plan on the source."""
     pkg = relabelled(converted, tmp_path, MOE, "w8a8-mxfp8", "w4a8-mxfp-moe")
-    assert verify(pkg).ok
+    plain = verify(pkg)
+    assert [c.name for c in plain.failed] == ["provenance"]
+    assert plain.check("provenance").problems == [
+        f"{PROVENANCE}: scheme w4a8-mxfp-moe writes W4A8_MXFP routed experts, but 24 routed experts are described "
+        "W8A8_MXFP8 (e.g. 'model.layers.0.mlp.experts.0.down_proj'), which no recorded fallback or override writes: "
+        "the package was not converted with the scheme recorded"
+    ]
     report = verify(pkg, VerifyOptions(source=FIXTURES / MOE))
     assert [c.name for c in report.failed] == ["provenance"]
     assert report.check("provenance").problems == [
