@@ -486,6 +486,12 @@ class Provenance:
         fallbacks = self.raw.get("fallbacks", [])
         return fallbacks if isinstance(fallbacks, list) else None
 
+    def chosen_types(self) -> set[str]:
+        """The types the run's --override options and fallbacks wrote, besides the scheme's own. A
+        fallback's `written` of another kind than a string (a list, an object) names no type."""
+        chosen = {o.rpartition("=")[2] for o in self.overrides}
+        return chosen | {f["written"] for f in self.fallbacks or [] if isinstance(f, dict) and isinstance(f.get("written"), str)}
+
     @property
     def checksum(self) -> object:
         """The checksum algorithm's name as recorded (possibly not a string: verify reports it)."""

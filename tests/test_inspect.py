@@ -750,6 +750,19 @@ def test_a_recorded_fallback_written_as_no_string_names_no_type_and_ends_nothing
     assert problem in verify(root, VerifyOptions(checksums=False)).check("provenance").problems
 
 
+def test_a_recorded_fallback_written_as_no_string_ends_no_role_check_either(converted, tmp_path):
+    """verify's role check (a scheme whose linears and experts differ) read the recorded fallbacks by
+    a second copy of the rule, without its guard: a 'written' list was a TypeError there."""
+    root = tmp_path / "pkg"
+    shutil.copytree(package_of(converted, MOE, "w4a8-mxfp-moe"), root)
+    provenance_path = root / "ascendconv_provenance.json"
+    provenance = json.loads(provenance_path.read_text())
+    provenance["fallbacks"] = [*provenance["fallbacks"], {"written": ["W4A8_MXFP"]}, {"written": {"W4A8_MXFP": 1}}]
+    provenance_path.write_text(json.dumps(provenance))
+    report = verify(root, VerifyOptions(checksums=False))
+    assert report.check("provenance").ok, report.check("provenance").problems
+
+
 NO_REGULAR_FILE = {"dangling link": "a symbolic link to nothing", "FIFO": "a FIFO", "directory": "a directory"}
 
 

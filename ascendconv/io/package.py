@@ -199,10 +199,7 @@ class Package:
             return [f"{PROVENANCE_NAME}: scheme is {shown(scheme)}, not one convert writes ({', '.join(SCHEME_TABLE)})"]
         asked = {row.linear, row.expert, *(NATIVE_TYPES.values() if row.native else ())}
         asked |= {o.rpartition("=")[2] for o in record.overrides}
-        # a "written" of another type than a string (a list, an object) names no type, and cannot be hashed
-        writable = {FLOAT, *asked} | {
-            f["written"] for f in record.fallbacks or [] if isinstance(f, dict) and isinstance(f.get("written"), str)
-        }
+        writable = {FLOAT, *asked} | record.chosen_types()
         if "fallbacks" not in (self.provenance or {}):
             writable |= {t for name in asked if name in QUANT_TYPES for t in QUANT_TYPES[name].chain()}
         strays: dict[str, list[str]] = {}

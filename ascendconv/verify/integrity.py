@@ -234,8 +234,7 @@ def _role_problems(lay: _Layout) -> list[str]:
     row = SCHEME_TABLE[record.scheme]  # known: scheme_problems found none
     if row.native or row.linear == row.expert or "fallbacks" not in (lay.pkg.provenance or {}):
         return []
-    chosen = {o.rpartition("=")[2] for o in record.overrides}
-    chosen |= {f.get("written") for f in record.fallbacks or [] if isinstance(f, dict)}
+    chosen = record.chosen_types()
     misplaced: dict[tuple[str, str], list[str]] = {}
     for prefix, module in sorted(lay.modules.items()):
         if module.label in chosen or module.label not in (row.linear, row.expert):
