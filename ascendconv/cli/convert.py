@@ -138,11 +138,12 @@ def convert(
             allow_unmatched_overrides=allow_unmatched_override,
         )
         runner = run_convert
-        ray_given = {"parts": ray_parts, "cpus_per_task": ray_cpus, "max_retries": ray_retries}
+        given = {"parts": ray_parts, "cpus_per_task": ray_cpus, "max_retries": ray_retries}
+        ray_given = {field: value for field, value in given.items() if value is not None}
         if ray or ray_address is not None:  # an empty --ray-address is refused, never a run without Ray
-            runner = ray_runner(options, ray_address, {k: v for k, v in ray_given.items() if v is not None}, dry_run)
-        elif any(v is not None for v in ray_given.values()):
-            flags = [RAY_FLAGS[k] for k, v in ray_given.items() if v is not None]
+            runner = ray_runner(options, ray_address, ray_given, dry_run)
+        elif ray_given:
+            flags = [RAY_FLAGS[field] for field in ray_given]
             raise BadOptionError(
                 f"{' and '.join(flags)} {'applies' if len(flags) == 1 else 'apply'} only under --ray",
                 "add --ray (or --ray-address ADDRESS) to convert on Ray, or leave them out",
