@@ -136,15 +136,19 @@ def space_needed(tensor_names: list[str], tensor_bytes: int, other_bytes: int) -
     return tensor_bytes + headers + other_bytes + SPACE_MARGIN_BYTES
 
 
+def _is_root() -> bool:
+    """Root may also use the blocks and inodes a file system reserves."""
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
 def _free_bytes(st: os.statvfs_result) -> int:
-    """Bytes this process may still write: root may also use the blocks reserved for it."""
-    blocks = st.f_bfree if hasattr(os, "geteuid") and os.geteuid() == 0 else st.f_bavail
-    return blocks * st.f_frsize
+    """Bytes this process may still write."""
+    return (st.f_bfree if _is_root() else st.f_bavail) * st.f_frsize
 
 
 def _free_inodes(st: os.statvfs_result) -> int:
-    """Files this process may still create (root, as with blocks, also the reserved ones)."""
-    return st.f_ffree if hasattr(os, "geteuid") and os.geteuid() == 0 else st.f_favail
+    """Files this process may still create."""
+    return st.f_ffree if _is_root() else st.f_favail
 
 
 def check_free_space(out: Path, needed: int) -> None:
@@ -175,17 +179,19 @@ def output_error(
     if exc.errno in OPEN_FILES_EXHAUSTED:  # a source file as likely as one of the package's
         return too_many_open_files(exc, where)
     if exc.errno in _NO_SPACE:
-        free, st = "", None
+        st = None
         with contextlib.suppress(OSError):
             st = os.statvfs(existing_ancestor(out.parent))
-            free = f" ({_human(_free_bytes(st))} free now)"
-        if st is not None and st.f_files and not _free_inodes(st):  # f_files 0: no inode table to run out of
+        if st is None:
+            return NoSpaceError(f"{where}: the file system is full; the package was not written")
+        free = _human(_free_bytes(st))
+        if st.f_files and not _free_inodes(st):  # f_files 0: no inode table to run out of
             return NoSpaceError(
-                f"{where}: the file system has no free inodes left: it can hold no more files, though "
-                f"{_human(_free_bytes(st))} are free; the package was not written",
+                f"{where}: the file system has no free inodes left: it can hold no more files, though {free} are free; "
+                "the package was not written",
                 "delete files there (df -i shows the inodes), or choose an OUT on another file system",
             )
-        return NoSpaceError(f"{where}: the file system is full{free}; the package was not written")
+        return NoSpaceError(f"{where}: the file system is full ({free} free now); the package was not written")
     if exc.errno == errno.EFBIG:
         return OutputWriteError(
             f"{where}: a file grew past the file-size limit of this process or file system (ulimit -f); "
