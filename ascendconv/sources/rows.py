@@ -121,6 +121,14 @@ class Fp8TileRows:
         )
 
 
+def first_non_finite(values: "np.ndarray") -> tuple[int, int]:
+    """(row, column) of the first NaN or Inf of 2-D `values`, which holds one."""
+    import numpy as np
+
+    r, c = np.argwhere(~np.isfinite(values))[0]
+    return int(r), int(c)
+
+
 class FloatRows:
     """Rows of a float linear (BF16 / F16 / F32 values, widened exactly to float32), quantized as
     they are. Written FLOAT, a float linear is copied (plan.py), so there is no `to_bf16`."""
@@ -151,9 +159,7 @@ class FloatRows:
         """The error of rows the quantizer refused (the planner quantizes only K % 32 == 0, so a
         value that is not finite): the first one is named. A float master holds its values as
         they are, so no scale can be the cause."""
-        import numpy as np
-
-        r, c = (int(i) for i in np.argwhere(~np.isfinite(values))[0])
+        r, c = first_non_finite(values)
         weight = self.linear.weight
         return NonFiniteValueError(
             f"{weight.path.name}: {weight.name!r} holds {values[r, c]} at row {row_start + r}, column {c}",
@@ -193,7 +199,7 @@ class MxRows:
         scales = mx_scale_bytes(self.source, self.linear, row_start, row_start + rows)
         values = decode(self._payload(data, row_start, rows), scales, self.fmt)
         if not np.isfinite(values).all():
-            r, c = (int(i) for i in np.argwhere(~np.isfinite(values))[0])
+            r, c = first_non_finite(values)
             weight = self.linear.weight
             raise NonFiniteValueError(
                 f"{weight.path.name}: {weight.name!r} row {row_start + r}, column {c} decodes to {values[r, c]} "
