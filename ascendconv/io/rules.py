@@ -84,15 +84,24 @@ def moe_coverage_problems(names: Iterable[str], config: dict | None, where: str)
     """Whole MoE layers: experts 0..E-1, each with its three projections, E as config.json says.
     `where` names what holds the names (for the messages). Work is bounded by the names given,
     never by an expert number read from a file."""
-    return _coverage_problems(moe_layers(names, config), config, where)
+    layers = moe_layers(names, config)
+    odd = _odd_count_problem(layers, config)
+    return ([odd] if odd else []) + _coverage_problems(layers, config, where)
+
+
+def _odd_count_problem(layers: dict[str, dict[int, dict[str, str]]], config: dict | None) -> str | None:
+    """A routed-expert count config.json gives as no integer, with the count the first MoE layer
+    holds; None where the count is sound or there are no MoE layers."""
+    odd = odd_expert_count(config) if layers and isinstance(config, dict) else None
+    if not odd:
+        return None
+    layer, experts = next(iter(layers.items()))
+    return f"{odd}: {clip(layer)} has {max(experts) + 1} experts"
 
 
 def _coverage_problems(layers: dict[str, dict[int, dict[str, str]]], config: dict | None, where: str) -> list[str]:
     problems = []
     configured = expert_count(config) if isinstance(config, dict) else None  # models.py: the one reading
-    odd = odd_expert_count(config) if layers and isinstance(config, dict) else None
-    if odd:
-        problems.append(f"{odd}: {_first_layer_count(layers)}")
     for layer, experts in layers.items():
         count = max(experts) + 1
         absent = count - len(experts)
@@ -107,12 +116,6 @@ def _coverage_problems(layers: dict[str, dict[int, dict[str, str]]], config: dic
         if configured is not None and count != configured:
             problems.append(f"{clip(layer)} has {count} experts but config.json says {configured}")
     return problems
-
-
-def _first_layer_count(layers: dict[str, dict[int, dict[str, str]]]) -> str:
-    """How many experts the first MoE layer holds, as the count config.json should state."""
-    layer, experts = next(iter(layers.items()))
-    return f"{clip(layer)} has {max(experts) + 1} experts"
 
 
 def _where(name: str, entry: TensorEntry) -> str:
@@ -197,9 +200,9 @@ def check_source_tensors(root: Path, tensors: dict[str, TensorEntry], linears: d
     # stored as `weight_packed` too), every other tensor keeps its name
     modules = [*linears, *(n[: -len(".weight")] for n in odd_names if n in unpaired and n.endswith(".weight"))]
     layers = _moe_layers(modules, config)
-    odd = odd_expert_count(config) if layers else None
+    odd = _odd_count_problem(layers, config)
     if odd:
-        raise ConfigError(f"{odd}: {_first_layer_count(layers)}", EXPERT_COUNT_HINT)
+        raise ConfigError(odd, EXPERT_COUNT_HINT)
     problems = _coverage_problems(layers, config, f"{root}")
     if problems:
         raise IncompleteMoEError(problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
