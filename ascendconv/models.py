@@ -133,6 +133,8 @@ class ModelRules:
     odd_model_type: str | None = None
     # layers from num_hidden_layers on holding the family's mtp_markers that mtp_layer_count leaves out
     undeclared_mtp_layers: tuple[int, ...] = ()
+    # layers from num_hidden_layers on holding none of the mtp_markers: decoder layers it does not count
+    uncounted_layers: tuple[int, ...] = ()
     tied_embeddings: bool = False  # tie_word_embeddings: the output head is the input embedding
 
     @property
@@ -156,13 +158,15 @@ class ModelRules:
         )
 
     @property
-    def undeclared_mtp_warning(self) -> str | None:
-        """What to fix in config.json when the checkpoint holds MTP layers it does not count."""
+    def layer_count_warning(self) -> str | None:
+        """What to fix in config.json when the checkpoint holds layers it does not count: decoder
+        layers past num_hidden_layers, or MTP layers past num_nextn_predict_layers."""
+        if self.uncounted_layers:
+            return self._uncounted_warning
         if not self.undeclared_mtp_layers:
             return None
         count = self.mtp_layer_count
         numbers = self.undeclared_mtp_layers
-        layers = f"layer {numbers[0]} holds" if len(numbers) == 1 else f"layers {', '.join(map(str, numbers))} hold"
         if self.num_hidden_layers is None:  # num_nextn_predict_layers counts from a layer the config lacks
             unstated = "config.json has no num_hidden_layers to number them from"
             fixes = [f'"num_hidden_layers": {numbers[0]}']
@@ -171,9 +175,41 @@ class ModelRules:
             unstated = f"config.json does not declare them (num_nextn_predict_layers {'absent' if count is None else count})"
             fixes = [f'"num_nextn_predict_layers": {(count or 0) + len(numbers)}']
         return (
-            f"{layers} MTP tensors ({' / '.join(self.family.mtp_markers)}) and {unstated}: planned as MTP layers, FLOAT; "
-            "vLLM finds MTP layers by num_hidden_layers and num_nextn_predict_layers, "
+            f"{_layers_hold(numbers)} MTP tensors ({' / '.join(self.family.mtp_markers)}) and {unstated}: planned as MTP "
+            "layers, FLOAT; vLLM finds MTP layers by num_hidden_layers and num_nextn_predict_layers, "
             f"so set {' and '.join(fixes)} in the package's config.json"
+        )
+
+    @property
+    def _uncounted_warning(self) -> str:
+        """Layers numbered from num_hidden_layers on with no MTP marker: decoder layers the config
+        leaves out, or (numbered as MTP layers) MTP layers without what the drafter needs. The fix is
+        num_hidden_layers, not what the MTP warning would ask of num_nextn_predict_layers, and the
+        plan changes with it."""
+        markers = " / ".join(self.family.mtp_markers)
+        numbers = self.uncounted_layers
+        as_mtp = tuple(n for n in numbers if n in self.mtp_layer_numbers)
+        past = tuple(n for n in numbers if n not in as_mtp)
+        said = []
+        if as_mtp:
+            said.append(
+                f"{_layers_hold(as_mtp)} no MTP tensors ({markers}), which vLLM's MTP drafter needs, yet config.json "
+                f"numbers {'it' if len(as_mtp) == 1 else 'them'} as MTP (num_hidden_layers {self.num_hidden_layers}, "
+                f"num_nextn_predict_layers {self.mtp_layer_count}): planned as MTP, FLOAT, as vLLM reads that config"
+            )
+        if past:
+            said.append(
+                f"{_layers_hold(past)} no MTP tensors ({markers}) past config.json's num_hidden_layers "
+                f"({self.num_hidden_layers}) and its MTP layers: {'a decoder layer' if len(past) == 1 else 'decoder layers'} "
+                "it does not count, which vLLM has no place for (it builds num_hidden_layers decoder layers)"
+            )
+        decoder = numbers[-1] + 1
+        mtp = sum(1 for n in self.mtp_layer_numbers if n >= decoder)
+        fixes = [f'"num_hidden_layers": {decoder}']
+        fixes += [f'"num_nextn_predict_layers": {mtp}'] if mtp != (self.mtp_layer_count or 0) else []
+        return (
+            f"{'; '.join(said)}; if {'it is a decoder layer' if len(numbers) == 1 else 'they are decoder layers'}, "
+            f"set {' and '.join(fixes)} in the source's config.json and convert again"
         )
 
     @cached_property
@@ -377,9 +413,9 @@ def rules_for(config: dict | None, names: Iterable[str] = ()) -> ModelRules:
     mtp_layer_count = _layer_count(
         config, "num_nextn_predict_layers", "MTP layers", 'write it as an integer, e.g. "num_nextn_predict_layers": 1 (vLLM reads it as one)'
     )
-    undeclared = _undeclared_mtp_layers(_BY_TYPE.get(model_type, GENERIC), names, num_hidden_layers, mtp_layer_count)
+    undeclared, uncounted = _layers_past_count(_BY_TYPE.get(model_type, GENERIC), names, num_hidden_layers, mtp_layer_count)
     tied = config_value(config, "tie_word_embeddings") is True
-    return _rules(model_type, num_hidden_layers, mtp_layer_count, odd, undeclared, tied)
+    return _rules(model_type, num_hidden_layers, mtp_layer_count, odd, undeclared, uncounted, tied)
 
 
 def _layer_count(config: dict, key: str, layers: str, hint: str) -> int | None:
@@ -393,23 +429,38 @@ def _layer_count(config: dict, key: str, layers: str, hint: str) -> int | None:
     raise ConfigError(f"config.json's {key} is {shown(value)} ({type(value).__name__}), not a count of {layers}", hint)
 
 
-def _undeclared_mtp_layers(family: Family, names: Iterable[str], first: int | None, declared: int | None) -> tuple[int, ...]:
-    """The layers under the family's roots, from num_hidden_layers on (any, if the config lacks it),
-    holding one of its mtp_markers, past the num_nextn_predict_layers counted ones."""
-    if not family.mtp_markers:
-        return ()
+def _layers_hold(numbers: tuple[int, ...]) -> str:
+    return f"layer {numbers[0]} holds" if len(numbers) == 1 else f"layers {', '.join(map(str, numbers))} hold"
+
+
+def _layers_past_count(
+    family: Family, names: Iterable[str], first: int | None, declared: int | None
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The layers under the family's roots from num_hidden_layers on (any, if the config lacks it):
+    those holding one of its mtp_markers past the num_nextn_predict_layers counted ones (undeclared
+    MTP layers), and those holding none (decoder layers the config does not count), found while
+    layer numbers follow on from num_hidden_layers."""
     names = names if isinstance(names, (list, tuple, dict)) else list(names)
-    # a match holds ".<marker>.": most checkpoints have no such name, told at C speed from their joined
-    # names (a third of matching each of Qwen3.5-397B's 189,042)
-    joined = "\n".join(names)
-    if not any(f".{marker}." in joined for marker in family.mtp_markers):
-        return ()
-    roots = "|".join(re.escape(root) for root in family.roots)
-    markers = "|".join(re.escape(marker) for marker in family.mtp_markers)
-    pattern = re.compile(rf"(?:{roots})layers\.(\d{{1,{MAX_LAYER_DIGITS}}})\.(?:{markers})\.")
-    numbers = {int(match[1]) for match in map(pattern.match, names) if match}
+    # most checkpoints have no name past their layers, nor one holding ".<marker>.": told at C speed
+    # from their joined names (a third of matching each of Qwen3.5-397B's 189,042)
+    joined = "\n" + "\n".join(names)
+    marked: set[int] = set()
+    if any(f".{marker}." in joined for marker in family.mtp_markers):
+        roots = "|".join(re.escape(root) for root in family.roots)
+        markers = "|".join(re.escape(marker) for marker in family.mtp_markers)
+        pattern = re.compile(rf"(?:{roots})layers\.(\d{{1,{MAX_LAYER_DIGITS}}})\.(?:{markers})\.")
+        marked = {int(match[1]) for match in map(pattern.match, names) if match}
     start = 0 if first is None else first + (declared or 0)
-    return tuple(sorted(n for n in numbers if n >= start))
+    undeclared = tuple(sorted(n for n in marked if n >= start))
+    if first is None:
+        return undeclared, ()
+    uncounted = []
+    number = first
+    while any(f"\n{root}layers.{number}." in joined for root in family.roots):
+        if number not in marked:
+            uncounted.append(number)
+        number += 1
+    return undeclared, tuple(uncounted)
 
 
 @lru_cache(maxsize=4)
@@ -419,11 +470,13 @@ def _rules(
     mtp_layer_count: int | None,
     odd_model_type: str | None,
     undeclared_mtp_layers: tuple[int, ...],
+    uncounted_layers: tuple[int, ...],
     tied_embeddings: bool,
 ) -> ModelRules:
     """The rules are a function of these values: one object per checkpoint, so that the source's
     checks, the planner and inspect share its memo of names (`routed_expert`)."""
     family = _BY_TYPE.get(model_type, GENERIC)
     return ModelRules(
-        model_type, family, num_hidden_layers, mtp_layer_count, odd_model_type, undeclared_mtp_layers, tied_embeddings
+        model_type, family, num_hidden_layers, mtp_layer_count, odd_model_type, undeclared_mtp_layers, uncounted_layers,
+        tied_embeddings,
     )

@@ -182,8 +182,8 @@ class Plan:
     @property
     def warnings(self) -> list[str]:
         warnings = [self.rules.warning] if self.rules.warning else []
-        if self.rules.undeclared_mtp_warning:
-            warnings.append(self.rules.undeclared_mtp_warning)
+        if self.rules.layer_count_warning:
+            warnings.append(self.rules.layer_count_warning)
         mtp = self.quantized_mtp_modules()
         if mtp:
             warnings.append(f"{plural(mtp, 'MTP module')} quantized by --override: vllm-ascend expects the MTP layer FLOAT")

@@ -491,10 +491,55 @@ def test_a_second_mtp_layer_past_the_declared_count_is_mtp_too():
     rules = rules_for(GLM, spec)
     assert rules.mtp_layer_numbers == (1, 2) and rules.undeclared_mtp_layers == (2,)
     assert [a.name for a in rules.mtp_heads(spec)] == [GLM_HEAD, "model.layers.2.shared_head.head.weight"]
-    assert '"num_nextn_predict_layers": 2' in rules.undeclared_mtp_warning
+    assert '"num_nextn_predict_layers": 2' in rules.layer_count_warning
     assert rules_for(GLM, glm_with_mtp()).undeclared_mtp_layers == ()
     # a decoder layer is no MTP layer, marker or not: only layers from num_hidden_layers on
     assert rules_for({**GLM, "num_hidden_layers": 2}, spec).undeclared_mtp_layers == ()
+
+
+def _with_layer(spec: dict, layer: int, copied_from: int) -> dict:
+    prefix = f"model.layers.{copied_from}."
+    return {**spec, **{name.replace(prefix, f"model.layers.{layer}."): e for name, e in spec.items() if name.startswith(prefix)}}
+
+
+def test_a_decoder_layer_numbered_as_mtp_is_warned_with_the_num_hidden_layers_fix():
+    """DeepSeek-V3 with num_hidden_layers 60 for its 61 decoder layers: layer 60 was planned as the
+    MTP layer, FLOAT, and the only warning (layer 61's undeclared MTP tensors) asked for
+    num_nextn_predict_layers 2, which vLLM cannot build either. The fix is num_hidden_layers."""
+    glm = glm_with_mtp()
+    spec = {n: e for n, e in glm.items() if not n.startswith("model.layers.1.")}
+    spec = _with_layer(spec, 1, copied_from=0)
+    spec.update({n.replace("model.layers.1.", "model.layers.2."): e for n, e in glm.items() if n.startswith("model.layers.1.")})
+    rules = rules_for(GLM, spec)
+    assert (rules.uncounted_layers, rules.undeclared_mtp_layers) == ((1,), (2,))
+    warning = (
+        "layer 1 holds no MTP tensors (eh_proj / enorm), which vLLM's MTP drafter needs, yet config.json numbers it "
+        "as MTP (num_hidden_layers 1, num_nextn_predict_layers 1): planned as MTP, FLOAT, as vLLM reads that config; "
+        'if it is a decoder layer, set "num_hidden_layers": 2 in the source\'s config.json and convert again'
+    )
+    assert rules.layer_count_warning == warning
+    plan = plan_of(spec, scheme="w4a8-mxfp-moe", config=GLM)
+    assert plan.warnings == [warning]
+    assert plan.decisions["model.layers.1.mlp.experts.0.up_proj"].reason == MTP_REASON
+    fixed = rules_for({**GLM, "num_hidden_layers": 2}, spec)
+    assert (fixed.uncounted_layers, fixed.undeclared_mtp_layers, fixed.layer_count_warning) == ((), (), None)
+
+
+def test_decoder_layers_past_the_count_are_warned_and_counted_in_the_fix():
+    """A Qwen3-MoE checkpoint of three layers whose config counts two: vLLM builds two and has no
+    place for the third, which was planned without a word."""
+    spec = _with_layer(_with_layer(moe_layer(), 1, copied_from=0), 2, copied_from=0)
+    config = {"model_type": "qwen3_moe", "num_hidden_layers": 1, "num_experts": 2}
+    rules = rules_for(config, spec)
+    assert rules.uncounted_layers == (1, 2)
+    assert rules.layer_count_warning == (
+        "layers 1, 2 hold no MTP tensors (eh_proj / enorm) past config.json's num_hidden_layers (1) and its MTP "
+        "layers: decoder layers it does not count, which vLLM has no place for (it builds num_hidden_layers decoder "
+        'layers); if they are decoder layers, set "num_hidden_layers": 3 in the source\'s config.json and convert again'
+    )
+    assert rules_for({**config, "num_hidden_layers": 3}, spec).layer_count_warning is None
+    # without a count there is nothing to be past
+    assert rules_for({k: v for k, v in config.items() if k != "num_hidden_layers"}, spec).uncounted_layers == ()
 
 
 @pytest.mark.parametrize("value,shown", [("1", "'1' (str)"), (1.0, "1.0 (float)"), (True, "True (bool)"), (-1, "-1 (int)")])
