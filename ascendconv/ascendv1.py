@@ -12,7 +12,7 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
-from ascendconv.errors import BadOptionError, shown
+from ascendconv.errors import BadOptionError, json_kind, json_shown, shown
 from ascendconv.formats.constants import (
     E2M1,
     E4M3,
@@ -361,9 +361,109 @@ def _text(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
+@dataclass(frozen=True)
+class ObjectShape:
+    """The shape of a JSON object of known keys: each key's shape, the keys every package holds
+    (packages of before may lack the others; keys added later are not judged), and whether null
+    stands for it."""
+
+    shapes: dict
+    required: tuple[str, ...] = ()
+    nullable: bool = False
+
+
+@dataclass(frozen=True)
+class EntriesShape:
+    """The shape of a JSON list (or, `keyed`, of an object of any keys) whose every entry has `shape`."""
+
+    shape: object
+    keyed: bool = False
+
+
+LEAF_NAMES = {str: "a string", int: "an integer", dict: "an object"}
+
+
+def _expected(shape: object) -> str:
+    if isinstance(shape, ObjectShape):
+        return "an object or null" if shape.nullable else "an object"
+    if isinstance(shape, EntriesShape):
+        return "an object" if shape.keyed else "a list"
+    return LEAF_NAMES[shape]
+
+
+def shape_problems(path: str, value: object, shape: object) -> list[str]:
+    """Where `value` (read from JSON, at `path`) is not of `shape`: one message per field of the
+    wrong JSON type or missing; of a list's or keyed object's entries, the first, with how many there
+    are (a package has as many fallbacks as modules)."""
+    at = (lambda key: f"{path}.{key}") if path else str
+    if isinstance(shape, ObjectShape):
+        if value is None and shape.nullable:
+            return []
+        if not isinstance(value, dict):
+            return [f"{path} is {json_kind(value)}, expected {_expected(shape)}"]
+        problems = [f"{at(key)} is missing, expected {_expected(shape.shapes[key])}" for key in shape.required if key not in value]
+        for key, inner in shape.shapes.items():
+            if key in value:
+                problems += shape_problems(at(key), value[key], inner)
+        return problems
+    if isinstance(shape, EntriesShape):
+        if not isinstance(value, dict if shape.keyed else list):
+            return [f"{path} is {json_kind(value)}, expected {_expected(shape)}"]
+        items = ((f"{path}[{json_shown(k)}]", v) for k, v in value.items()) if shape.keyed else (
+            (f"{path}[{i}]", v) for i, v in enumerate(value))
+        wrong = [found for where, entry in items if (found := shape_problems(where, entry, shape.shape))]
+        if len(wrong) > 1:
+            return [f"{wrong[0][0]} ({len(wrong)} of the {len(value)} entries of {path} are of the wrong shape)"]
+        return wrong[0] if wrong else []
+    if isinstance(value, bool) or not isinstance(value, shape):  # JSON's true is no integer
+        return [f"{path} is {json_kind(value)}, expected {_expected(shape)}"]
+    return []
+
+
 def _text_field(key: str) -> property:
     """A provenance field that should be a string: its value, or None."""
     return property(lambda self: _text(self.raw.get(key)))
+
+
+FALLBACK_KEYS = ("module", "requested", "written", "reason")  # plan.ModuleDecision.to_dict()
+
+# ascendconv_provenance.json's shape as convert writes it (ProvenanceRecord's fields, then the
+# document's), which verify checks and inspect lists; `deployment` has rules of its own
+# (Provenance.deployment_problems), and the values (a known scale rule, the package's shards) are
+# verify's to judge.
+PROVENANCE_SHAPE = ObjectShape(
+    {
+        "tool": str,
+        "version": str,
+        "source": ObjectShape(
+            {
+                "name": str,
+                "format": str,
+                "quantization_config": str,
+                "params": dict,
+                "files": EntriesShape(ObjectShape(
+                    {"name": str, "size": int, "fingerprint": str, "tensor_sample": str, "data_sample": str}, ("name",),
+                )),
+            },
+            ("name", "files"),
+        ),
+        "scheme": str,
+        "scale_rule": str,
+        "resolve_dtype": str,
+        "kernel": str,
+        "fallbacks": EntriesShape(ObjectShape(dict.fromkeys(FALLBACK_KEYS, str), FALLBACK_KEYS)),
+        "source_nonfinite": EntriesShape(int, keyed=True),
+        "checksum": str,
+        "hub": ObjectShape({"repo_id": str, "revision": str}, ("repo_id", "revision"), nullable=True),
+        "overrides": EntriesShape(str),
+        "command": str,
+        "added_tensors": EntriesShape(ObjectShape({"source": str, "reason": str}, ("source",)), keyed=True),
+        "date": str,
+        "files": EntriesShape(str, keyed=True),
+        "shards": EntriesShape(ObjectShape({"size": int, SOURCE_DATA_KEY: str}), keyed=True),
+    },
+    ("tool", "version", "source", "scheme", "scale_rule", "resolve_dtype", "kernel", "shards"),
+)
 
 
 @dataclass(frozen=True)
@@ -376,7 +476,6 @@ class Provenance:
     raw: dict
 
     SETTINGS = ("version", "scheme", "scale_rule", "resolve_dtype", "kernel")  # how the package was made
-    FALLBACK_KEYS = ("module", "requested", "written", "reason")
 
     tool = _text_field("tool")
     version = _text_field("version")
@@ -423,14 +522,20 @@ class Provenance:
 
     def deployment_problems(self) -> list[str]:
         """Each field of the recorded deployment that does not hold a value of its type."""
-        if "deployment" in self.raw and not isinstance(self.raw["deployment"], dict):
-            return [f"deployment is {shown(self.raw['deployment'])}, expected an object"]
+        deployment = self.raw.get("deployment")
+        if "deployment" in self.raw and not isinstance(deployment, dict):
+            return [f"deployment is {json_kind(deployment)}, expected an object"]
         return [
-            f"deployment.{key} is {shown(value)}, expected {what}"
+            f"deployment.{key} is {json_kind(value) if key in deployment else 'missing'}, expected {what}"
             for key, what in DEPLOYMENT_FIELDS.items()
             for state, value in [self.deployment_value(key)]
             if state == UNREADABLE
         ]
+
+    def field_problems(self) -> list[str]:
+        """Each field missing or of another JSON type than convert writes (PROVENANCE_SHAPE), and
+        each of the deployment's that holds no value of its kind."""
+        return shape_problems("", self.raw, PROVENANCE_SHAPE) + self.deployment_problems()
 
     @property
     def overrides(self) -> list[str]:
@@ -448,9 +553,9 @@ class Provenance:
             "command": self.command,
             "date": self.date,
             "fallbacks": [
-                {key: f[key] for key in self.FALLBACK_KEYS}
+                {key: f[key] for key in FALLBACK_KEYS}
                 for f in self.fallbacks or []
-                if isinstance(f, dict) and all(isinstance(f.get(key), str) for key in self.FALLBACK_KEYS)
+                if isinstance(f, dict) and all(isinstance(f.get(key), str) for key in FALLBACK_KEYS)
             ],
         }
 

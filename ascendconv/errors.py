@@ -52,6 +52,29 @@ def shown(value: object) -> str:
         return f"<{type(value).__name__}>"
 
 
+def json_shown(value: object) -> str:
+    """A value read from a JSON file as the file spells it (a string as `shown` quotes it): its null
+    is null, not Python's None. Clipped; a number past Python's digit limit is named by its type."""
+    if isinstance(value, str):
+        return shown(value)
+    import json
+
+    try:
+        return clip(json.dumps(value, ensure_ascii=False))
+    except (ValueError, RecursionError):
+        return f"<{type(value).__name__}>"
+
+
+def json_kind(value: object) -> str:
+    """A JSON value as a message names it: its type, and its value unless that is the type
+    ('null', 'true', 'a number (3)', "a string ('x')", 'a list ([1])', 'an object ({})')."""
+    if value is None or isinstance(value, bool):
+        return json_shown(value)
+    kinds = ((str, "a string"), ((int, float), "a number"), (list, "a list"))
+    kind = next((name for types, name in kinds if isinstance(value, types)), "an object")
+    return f"{kind} ({json_shown(value)})"
+
+
 class Interrupted(KeyboardInterrupt):
     """SIGINT, SIGTERM or SIGHUP, raised in the main thread so that cleanup runs; the exit code is
     the shell's 128 + signal number. `outcome` (set by whoever cleaned up) says what is left."""

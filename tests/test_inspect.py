@@ -757,10 +757,15 @@ def test_a_recorded_fallback_written_as_no_string_ends_no_role_check_either(conv
     shutil.copytree(package_of(converted, MOE, "w4a8-mxfp-moe"), root)
     provenance_path = root / "ascendconv_provenance.json"
     provenance = json.loads(provenance_path.read_text())
+    first = len(provenance["fallbacks"])
     provenance["fallbacks"] = [*provenance["fallbacks"], {"written": ["W4A8_MXFP"]}, {"written": {"W4A8_MXFP": 1}}]
     provenance_path.write_text(json.dumps(provenance))
     report = verify(root, VerifyOptions(checksums=False))
-    assert report.check("provenance").ok, report.check("provenance").problems
+    # the damaged entries are named (the first, and how many), and no role problem follows from them
+    assert report.check("provenance").problems == [
+        f"ascendconv_provenance.json: fallbacks[{first}].module is missing, expected a string "
+        f"(2 of the {first + 2} entries of fallbacks are of the wrong shape)"
+    ]
 
 
 NO_REGULAR_FILE = {"dangling link": "a symbolic link to nothing", "FIFO": "a FIFO", "directory": "a directory"}

@@ -78,6 +78,7 @@ def test_every_written_field_reads_back(tmp_path):
     assert read.deployment == {"tp": 8, "ep": True, "shared_experts_as_routed": False}
     assert read.details()["overrides"] == ["model.layers.1.*=FLOAT"]
     assert {name: read.size(name) for name in SIZES} == SIZES and read.files == FILES
+    assert read.field_problems() == []  # every field of the shape convert writes
 
 
 def test_fields_of_the_wrong_type_read_as_absent():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -50,13 +51,13 @@ def test_the_deployment_line_says_which_values_were_given_and_which_recorded(tp2
     }
 
 
-@pytest.mark.parametrize("tp", ["8", 0, True, None])
-def test_a_recorded_tp_that_is_no_positive_integer_fails_provenance_and_tp(tp2_package, tp):
+@pytest.mark.parametrize("tp, kind", [("8", "a string ('8')"), (0, "a number (0)"), (True, "true"), (None, "null")])
+def test_a_recorded_tp_that_is_no_positive_integer_fails_provenance_and_tp(tp2_package, tp, kind):
     edit_deployment(tp2_package, tp=tp)
     report = verify(tp2_package)
     assert {c.name for c in report.failed} == {"provenance", "tp"}
-    assert report.check("provenance").problems == [f"{PROVENANCE}: deployment.tp is {tp!r}, expected a positive integer"]
-    assert f"deployment.tp is {tp!r}, not a positive integer" in report.check("tp").detail
+    assert report.check("provenance").problems == [f"{PROVENANCE}: deployment.tp is {kind}, expected a positive integer"]
+    assert f"deployment.tp is {kind}, not a positive integer" in report.check("tp").detail
     assert report.deployment["from"]["tp"] == "unreadable"
     assert verify(tp2_package, VerifyOptions(tp=2)).check("tp").ok  # given, it is checked
 
@@ -65,7 +66,7 @@ def test_a_recorded_ep_that_is_no_bool_fails_provenance(tp2_package):
     edit_deployment(tp2_package, ep="yes")
     report = verify(tp2_package)
     assert [c.name for c in report.failed] == ["provenance"]
-    assert report.check("provenance").problems == [f"{PROVENANCE}: deployment.ep is 'yes', expected true or false"]
+    assert report.check("provenance").problems == [f"{PROVENANCE}: deployment.ep is a string ('yes'), expected true or false"]
     assert stdout_lines(tp2_package)[1] == (
         "checked for --tp 2 (as recorded at conversion), --no-ep (the recorded value is unreadable, see provenance)"
     )
@@ -127,3 +128,55 @@ def test_an_unknown_recorded_scheme_fails_provenance(converted, tmp_path):
     assert verify(pkg).check("provenance").detail.startswith(
         f"{PROVENANCE}: scheme is 'w8a8-mxfp9', not one convert writes (w8a8-mxfp8, w4a8-mxfp,"
     )
+
+
+MISSING = object()  # the field deleted
+# A provenance field edited to a JSON type convert never writes there (or deleted), and what verify says
+WRONG_TYPES = [
+    ("tool", None, "tool is null, expected a string"),
+    ("version", 3, "version is a number (3), expected a string"),
+    ("version", MISSING, "version is missing, expected a string"),
+    ("scheme", {"w8a8-mxfp8": 1}, 'scheme is an object ({"w8a8-mxfp8": 1}), expected a string'),
+    ("kernel", ["numba"], 'kernel is a list (["numba"]), expected a string'),
+    ("source.name", 5, "source.name is a number (5), expected a string"),
+    ("source.quantization_config", None, "source.quantization_config is null, expected a string"),
+    ("source.params", [128, 128], "source.params is a list ([128, 128]), expected an object"),
+    ("source.files", MISSING, "source.files is missing, expected a list"),
+    ("hub", "Qwen/Qwen3-8B", "hub is a string ('Qwen/Qwen3-8B'), expected an object or null"),
+    ("hub", {"repo_id": 3, "revision": "a" * 40}, "hub.repo_id is a number (3), expected a string"),
+    ("overrides", "*=FLOAT", "overrides is a string ('*=FLOAT'), expected a list"),
+    ("fallbacks", [5], "fallbacks[0] is a number (5), expected an object"),
+    ("command", 3, "command is a number (3), expected a string"),
+    ("added_tensors", [], "added_tensors is a list ([]), expected an object"),
+    ("date", None, "date is null, expected a string"),
+    ("files", True, "files is true, expected an object"),
+    ("checksum", 3, "checksum is a number (3), expected a string"),
+]
+
+
+def edited(pkg, path: str, value) -> None:
+    prov = json.loads((pkg / PROVENANCE).read_text())
+    *parents, key = path.split(".")
+    holder = prov
+    for parent in parents:
+        holder = holder[parent]
+    if value is MISSING:
+        del holder[key]
+    else:
+        holder[key] = value
+    (pkg / PROVENANCE).write_text(json.dumps(prov))
+
+
+@pytest.mark.parametrize("path, value, problem", WRONG_TYPES, ids=[f"{p}={'missing' if v is MISSING else repr(v)}"[:40] for p, v, _ in WRONG_TYPES])
+def test_a_provenance_field_of_the_wrong_json_type_fails_plain_verify(converted, tmp_path, path, value, problem):
+    pkg = Path(shutil.copytree(converted(DENSE), tmp_path / "pkg"))
+    edited(pkg, path, value)
+    report = verify(pkg)
+    assert [c.name for c in report.failed] == ["provenance"]
+    assert report.check("provenance").problems == [f"{PROVENANCE}: {problem}"]
+
+
+def test_a_recorded_kernel_convert_has_not_fails_plain_verify(converted, tmp_path):
+    pkg = Path(shutil.copytree(converted(DENSE), tmp_path / "pkg"))
+    edited(pkg, "kernel", "cuda")
+    assert verify(pkg).check("provenance").problems == [f"{PROVENANCE}: kernel is 'cuda', expected one of numba, reference"]

@@ -28,7 +28,7 @@ from ascendconv.errors import (
 from ascendconv.formats import requantize, resolve
 from ascendconv.formats.constants import E2M1, E4M3
 from ascendconv.inspect import inspect_path
-from ascendconv.sources import open_source
+from ascendconv.sources import FORMAT_NAMES, open_source
 from ascendconv.verify import VerifyOptions, verify
 from conftest import FIXTURES, as_array, load_shard, save_shard
 
@@ -687,8 +687,12 @@ def test_a_tensor_named_as_a_slice_of_fused_float_experts_is_refused(tmp_path):
     assert not out.exists()
 
 
-@pytest.mark.parametrize("recorded", ["gguf", ["hf-fp8-block"], None])
-def test_verify_refuses_a_provenance_with_an_unknown_source_format(converted, tmp_path, recorded):
+@pytest.mark.parametrize("recorded, problem", [
+    ("gguf", "source.format is 'gguf', expected one of " + ", ".join(FORMAT_NAMES)),
+    (["hf-fp8-block"], 'source.format is a list (["hf-fp8-block"]), expected a string'),
+    (None, "source.format is null, expected a string"),
+])
+def test_verify_refuses_a_provenance_with_an_unknown_source_format(converted, tmp_path, recorded, problem):
     package = tmp_path / "pkg"
     shutil.copytree(converted(DENSE), package)
     path = package / "ascendconv_provenance.json"
@@ -697,7 +701,7 @@ def test_verify_refuses_a_provenance_with_an_unknown_source_format(converted, tm
     path.write_text(json.dumps(provenance))
     report = verify(package, VerifyOptions())
     check = next(c for c in report.checks if c.name == "provenance")
-    assert not check.ok and "the source format is" in " ".join(check.problems)
+    assert check.problems == [f"ascendconv_provenance.json: {problem}"]
 
 
 def test_a_gguf_directory_is_refused_by_name(tmp_path):

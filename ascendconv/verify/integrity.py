@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ascendconv.ascendv1 import PROVENANCE_NAME, QUANT_TYPES
+from ascendconv.ascendv1 import PROVENANCE_NAME, QUANT_TYPES, Provenance
 from ascendconv.errors import HeaderError, plural, shown
 from ascendconv.formats.constants import E8M0_NAN, RESOLVE_DTYPES, SCALE_RULES
 from ascendconv.io.checksum import ALGORITHMS, file_digest, recorded_checksum
@@ -15,7 +15,7 @@ from ascendconv.sources import FORMAT_NAMES
 from ascendconv.sources.base import WEIGHT_SUFFIX
 from ascendconv.verify.checks import make_check, skip_check
 from ascendconv.verify.layout import FLOAT_DTYPES, _Layout, _row_chunks
-from ascendconv.options import VerifyProgress as Progress, VerifyOptions
+from ascendconv.options import KERNELS, VerifyProgress as Progress, VerifyOptions
 from ascendconv.verify.report import Check
 
 
@@ -178,49 +178,48 @@ def check_provenance(lay: _Layout, source=None) -> Check:
     prov = lay.pkg.provenance
     if prov is None:
         return skip_check("provenance", f"no {PROVENANCE_NAME} (not written by ascendconv convert)")
-    problems = []
-    if prov.get("tool") != "ascendconv":
-        problems.append(f"{PROVENANCE_NAME}: tool is {shown(prov.get('tool'))}, expected 'ascendconv'")
-    if prov.get("scale_rule") not in SCALE_RULES:
-        problems.append(f"{PROVENANCE_NAME}: scale_rule is {shown(prov.get('scale_rule'))}")
-    if prov.get("resolve_dtype") not in RESOLVE_DTYPES:
-        problems.append(f"{PROVENANCE_NAME}: resolve_dtype is {shown(prov.get('resolve_dtype'))}")
-    for key in ("version", "scheme", "kernel"):
-        if not isinstance(prov.get(key), str):
-            problems.append(f"{PROVENANCE_NAME}: {key} is missing")
-    shards = prov.get("shards")
-    algorithm = prov.get("checksum", "sha256")  # packages written before the field: sha256
-    if algorithm not in ALGORITHMS:
-        problems.append(f"{PROVENANCE_NAME}: checksum is {algorithm!r}, expected one of {', '.join(ALGORITHMS)}")
-    elif not isinstance(shards, dict):
-        problems.append(f"{PROVENANCE_NAME}: no shards with checksums")
-    else:
+    record = lay.pkg.record
+    problems = [f"{PROVENANCE_NAME}: {problem}" for problem in record.field_problems() + _value_problems(record)]
+    shards, algorithm = record.shards, record.checksum
+    if shards is not None and algorithm in ALGORITHMS:
         for file in sorted(set(lay.expected) - set(shards)):
             problems.append(f"{PROVENANCE_NAME} records no checksum for {file}")
         for file in sorted(f for f in set(lay.expected) & set(shards) if recorded_checksum(prov, f) is None):
             problems.append(f"{PROVENANCE_NAME} records no {algorithm} digest for {file}")
         for file in sorted(set(shards) - set(lay.expected)):
             problems.append(f"{PROVENANCE_NAME} records {file}, which is not a shard of the package")
-    carried = prov.get("source_nonfinite", {})
-    if not isinstance(carried, dict) or len(lay.pkg.record.source_nonfinite) != len(carried):
-        problems.append(f"{PROVENANCE_NAME}: source_nonfinite is {shown(carried)}, expected tensor names -> counts")
-    problems += [f"{PROVENANCE_NAME}: {problem}" for problem in lay.pkg.record.deployment_problems()]
-    if not isinstance(prov.get("fallbacks", []), list):
-        problems.append(f"{PROVENANCE_NAME}: fallbacks is {shown(prov['fallbacks'])}, expected a list")
-    recorded_source = prov.get("source")
-    if not isinstance(recorded_source, dict) or not isinstance(recorded_source.get("files"), list):
-        problems.append(f"{PROVENANCE_NAME}: the source files are not recorded")
-    elif not all(isinstance(f, dict) and isinstance(f.get("name"), str) for f in recorded_source["files"]):
-        problems.append(f"{PROVENANCE_NAME}: a source file is recorded without its name")
-    if isinstance(recorded_source, dict) and lay.pkg.record.source_format not in FORMAT_NAMES:
-        problems.append(
-            f"{PROVENANCE_NAME}: the source format is {shown(recorded_source.get('format'))}, expected one of {', '.join(FORMAT_NAMES)}"
-        )
     scheme_problems = lay.pkg.scheme_problems()
     problems += scheme_problems
     if not scheme_problems and lay.pkg.record.scheme is not None:
         problems += _planned_type_problems(lay, source) if source is not None else _role_problems(lay)
     return make_check("provenance", problems, lay.pkg.record.origin())
+
+
+# The values a field of the right type may hold (the shapes are PROVENANCE_SHAPE's).
+KNOWN_VALUES = {
+    "tool": ("ascendconv",), "scale_rule": SCALE_RULES, "resolve_dtype": RESOLVE_DTYPES, "kernel": KERNELS,
+    "checksum": ALGORITHMS,
+}
+
+
+def _value_problems(record: Provenance) -> list[str]:
+    """Each string field whose value is none convert writes, and each carried NaN / Inf count that
+    counts nothing (their types are field_problems')."""
+    values = {key: (record.raw.get(key), known) for key, known in KNOWN_VALUES.items()}
+    values["source.format"] = (record.source_format, FORMAT_NAMES)
+    problems = [
+        f"{key} is {shown(value)}, expected " + (shown(known[0]) if len(known) == 1 else f"one of {', '.join(known)}")
+        for key, (value, known) in values.items()
+        if isinstance(value, str) and value not in known
+    ]
+    carried = record.raw.get("source_nonfinite")
+    if isinstance(carried, dict):
+        problems += [
+            f"source_nonfinite[{shown(name)}] is {count}, expected the count of NaN / Inf values carried (at least 1)"
+            for name, count in carried.items()
+            if type(count) is int and count < 1
+        ]
+    return problems
 
 
 def _role_problems(lay: _Layout) -> list[str]:
@@ -330,7 +329,8 @@ def check_copies(lay: _Layout, source=None) -> Check:
     recorded = lay.pkg.record.files
     if recorded is None:
         if source is None:
-            return skip_check("copies", f"{PROVENANCE_NAME} records no digests of the package's other files (an older package)")
+            why = "(an older package)" if "files" not in lay.pkg.record.raw else "it can read (see provenance)"
+            return skip_check("copies", f"{PROVENANCE_NAME} records no digests of the package's other files {why}")
         recorded = {}
     problems = []
     for name, want in sorted(recorded.items()):

@@ -17,7 +17,7 @@ from ascendconv.ascendv1 import (
     SINGLE_SHARD_NAME,
     quant_type_named,
 )
-from ascendconv.errors import plural, shown
+from ascendconv.errors import json_kind, plural, shown
 from ascendconv.formats.constants import FLOAT, GROUP_SIZE
 from ascendconv.io.rules import BLOCK_FP8_SCALE_SUFFIX, moe_coverage_problems
 from ascendconv.decide import (
@@ -368,7 +368,7 @@ def check_unknown_tp(recorded: object) -> Check:
     return make_check(
         "tp",
         [
-            f"{PROVENANCE_NAME}: deployment.tp is {shown(recorded)}, not a positive integer: the --tp the package "
+            f"{PROVENANCE_NAME}: deployment.tp is {json_kind(recorded)}, not a positive integer: the --tp the package "
             "was converted for is unknown, so its splits were not checked (pass --tp T)"
         ],
         "",
