@@ -582,6 +582,18 @@ class Provenance:
         return _text(self.source.get("format", LEGACY_SOURCE_FORMAT))
 
     @property
+    def source_location(self) -> str | None:
+        """Where the source's config.json holds its quantization_config ("" for none), as recorded."""
+        return _text(self.source.get("quantization_config"))
+
+    @property
+    def source_params(self) -> dict | None:
+        """What the source format read from its config, as recorded (None where not recorded as an
+        object: packages of 0.3 and before record a weight_block_size beside the files instead)."""
+        params = self.source.get("params")
+        return params if isinstance(params, dict) else None
+
+    @property
     def source_files(self) -> list | None:
         files = self.source.get("files")
         return files if isinstance(files, list) else None

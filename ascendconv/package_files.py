@@ -149,9 +149,16 @@ def recorded_name(name: str) -> str:
     return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
+def format_record(source: Source) -> dict:
+    """What the provenance records of the source's format: its name, where config.json holds its
+    quantization_config ("" for none) and what the format read from it (`verify --source` derives
+    them again from the source it is given)."""
+    _, location = find_quantization_config(source.config)
+    return {"format": source.format, "quantization_config": location, "params": source.params}
+
+
 def provenance_record(source: Source, plan: Plan, kernel: str, options: ConvertOptions) -> ProvenanceRecord:
     """What the package's provenance says besides the date and the shard checksums."""
-    _, location = find_quantization_config(source.config)
     # the directory's own name, whichever way SRC reached it (`.`, `..`, a symbolic link to it): one
     # source, one provenance, so parts and --resume runs started from other spellings still agree
     name = recorded_name(Path(os.path.realpath(source.root)).name)
@@ -162,7 +169,7 @@ def provenance_record(source: Source, plan: Plan, kernel: str, options: ConvertO
     return ProvenanceRecord(
         tool="ascendconv",
         version=__version__,
-        source=SourceRecord(name, source.format, location, source.params, files),
+        source=SourceRecord(name=name, files=files, **format_record(source)),
         scheme=plan.scheme,
         scale_rule=plan.scale_rule,
         resolve_dtype=plan.resolve_dtype,

@@ -180,3 +180,37 @@ def test_a_recorded_kernel_convert_has_not_fails_plain_verify(converted, tmp_pat
     pkg = Path(shutil.copytree(converted(DENSE), tmp_path / "pkg"))
     edited(pkg, "kernel", "cuda")
     assert verify(pkg).check("provenance").problems == [f"{PROVENANCE}: kernel is 'cuda', expected one of numba, reference"]
+
+
+OTHER_SOURCE = "this package was converted from another checkpoint, or its provenance was edited; convert again"
+# What the provenance says of the source's format, edited, and how verify --source names it
+FORMAT_EDITS = [
+    ("source.format", "ct-fp8", "source.format is 'ct-fp8', but the source given has 'hf-fp8-block'"),
+    ("source.quantization_config", "text_config.quantization_config",
+     "source.quantization_config is 'text_config.quantization_config', but the source given has 'quantization_config'"),
+    ("source.params", {"weight_block_size": [64, 32]},
+     "source.params.weight_block_size is [64, 32], but the source given has [128, 128]"),
+    ("source.params", {"weight_block_size": [128, 128], "group_size": 32}, "source.params.group_size is 32, but the source given has none"),
+    ("source.params", {}, "source.params.weight_block_size is not recorded, but the source given has [128, 128]"),
+]
+
+
+@pytest.mark.parametrize("path, value, problem", FORMAT_EDITS, ids=[f"{p}={v!r}"[:40] for p, v, _ in FORMAT_EDITS])
+def test_a_recorded_source_format_the_source_given_is_not_read_as_fails_provenance(converted, tmp_path, path, value, problem):
+    """Values of the right type: only the source tells them wrong, as the same source seam reads it."""
+    pkg = Path(shutil.copytree(converted(DENSE), tmp_path / "pkg"))
+    edited(pkg, path, value)
+    assert verify(pkg).ok
+    report = verify(pkg, VerifyOptions(source=FIXTURES / DENSE))
+    assert [c.name for c in report.failed] == ["provenance"]
+    assert report.check("provenance").problems == [f"{PROVENANCE}: {problem}: {OTHER_SOURCE}"]
+
+
+def test_the_source_name_hub_and_kernel_are_not_compared_with_the_source(converted, tmp_path):
+    """A renamed copy, a snapshot of another revision holding the same bytes and the other kernel
+    (the same bytes again) make the same package: none of them is a finding."""
+    pkg = Path(shutil.copytree(converted(DENSE), tmp_path / "pkg"))
+    edited(pkg, "source.name", "renamed")
+    edited(pkg, "hub", {"repo_id": "Qwen/Qwen3-8B-FP8", "revision": "a" * 40})
+    edited(pkg, "kernel", "reference")
+    assert verify(pkg, VerifyOptions(source=FIXTURES / DENSE)).ok

@@ -346,3 +346,25 @@ def test_a_kept_shard_whose_ledger_entry_lacks_its_source_digest_is_converted_ag
     ledger_path.write_text(json.dumps(ledger))
     result = convert(src, out, ConvertOptions(max_shard_size=LIMIT, resume=True))
     assert result.reused_shards == [] and verify(out, VerifyOptions(source=src)).ok
+
+
+def test_a_snapshot_of_another_revision_that_differs_is_named_with_the_one_converted(converted, tmp_path):
+    """The shards differ, and the package was converted from a cached snapshot of another revision
+    than the one given (the cache's main moved on): the source check says which to pass. A local
+    directory, or the same revision, says nothing more."""
+    recorded, other = "a" * 40, "b" * 40
+    pkg = Path(shutil.copytree(converted(DENSE), tmp_path / "pkg"))
+    prov = json.loads((pkg / "ascendconv_provenance.json").read_text())
+    prov["hub"] = {"repo_id": "Qwen/Qwen3-Dense-FP8", "revision": recorded}
+    (pkg / "ascendconv_provenance.json").write_text(json.dumps(prov))
+    snapshots = tmp_path / "hub" / "models--Qwen--Qwen3-Dense-FP8" / "snapshots"
+    differs = "source shard model.safetensors differs from the one converted"
+    for revision, told in ((other, True), (recorded, False)):
+        snapshot = fine_tuned(snapshots / revision)
+        problems = verify(pkg, VerifyOptions(source=snapshot)).check("source").problems
+        assert any(p.startswith(differs) for p in problems), problems
+        note = (f"the package was converted from 'Qwen/Qwen3-Dense-FP8@{recorded}', the source given is "
+                f"Qwen/Qwen3-Dense-FP8@{other}: pass --source 'Qwen/Qwen3-Dense-FP8@{recorded}'")
+        assert (note in problems) is told, problems
+    local = verify(pkg, VerifyOptions(source=fine_tuned(tmp_path / "local"))).check("source").problems
+    assert any(p.startswith(differs) for p in local) and not any("was converted from '" in p for p in local)

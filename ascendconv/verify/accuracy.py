@@ -14,7 +14,7 @@ from typing import Iterator
 import numpy as np
 
 from ascendconv.ascendv1 import PROVENANCE_NAME, SOURCE_DATA_KEY
-from ascendconv.errors import HeaderError, NaNCodeError, NonFiniteScaleError, NonFiniteValueError, plural
+from ascendconv.errors import HeaderError, NaNCodeError, NonFiniteScaleError, NonFiniteValueError, plural, shown
 from ascendconv.formats import requantize
 from ascendconv.ascendv1 import MX_TYPES, QUANT_TYPES
 from ascendconv.formats.constants import FLOAT, GROUP_SIZE, RESOLVE_DTYPES, SCALE_RULES, transform_for
@@ -163,6 +163,8 @@ def _compare_source(
                         f"source shard {name} differs from the one converted (size {have[name][0]} vs recorded "
                         f"{want[name][0]}, or another header, or other data)"
                     )
+        if found.source and (snapshots := _other_snapshot(prov.hub, source.root)):
+            found.source.append(snapshots)
 
     # 2. the tensor set the source implies
     by_weight = {linear.weight.name: linear for linear in source.linears.values()}
@@ -232,6 +234,20 @@ def _compare_source(
     found.source[data_at:data_at] = _data_problems(recorded, made_of, digests)
     found.rows, found.rows_of, found.relaid = derive.rows, derive.rows_of, derive.relaid
     return found
+
+
+def _other_snapshot(hub: dict | None, root) -> str | None:
+    """When the shards differ and both the snapshot converted (the recorded hub) and the source given
+    are snapshots of the Hugging Face cache, of other revisions, which were they: the commonest
+    cause, a cache whose main moved on since. Otherwise None: a local copy of a snapshot is the same
+    source, and another revision of the same bytes is refuted by nothing, so neither is a finding."""
+    from ascendconv.io.hfcache import cached_repo
+
+    given = cached_repo(root)
+    if hub is None or given is None or given == (hub["repo_id"], hub["revision"]):
+        return None
+    converted = f"{hub['repo_id']}@{hub['revision']}"
+    return f"the package was converted from {shown(converted)}, the source given is {given[0]}@{given[1]}: pass --source {shown(converted)}"
 
 
 def _data_to_hash(lay: _Layout, source, by_weight: dict) -> tuple[dict[str, str], dict[str, list | None], dict[str, TensorEntry]]:

@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 
 from ascendconv.ascendv1 import PROVENANCE_NAME, QUANT_TYPES, Provenance
-from ascendconv.errors import HeaderError, plural, shown
+from ascendconv.errors import HeaderError, json_shown, plural, shown
 from ascendconv.formats.constants import E8M0_NAN, RESOLVE_DTYPES, SCALE_RULES
 from ascendconv.io.checksum import ALGORITHMS, file_digest, recorded_checksum
 from ascendconv.io.files import file_size
@@ -188,6 +188,8 @@ def check_provenance(lay: _Layout, source=None) -> Check:
             problems.append(f"{PROVENANCE_NAME} records no {algorithm} digest for {file}")
         for file in sorted(set(shards) - set(lay.expected)):
             problems.append(f"{PROVENANCE_NAME} records {file}, which is not a shard of the package")
+    if source is not None:
+        problems += _format_problems(record, source)
     scheme_problems = lay.pkg.scheme_problems()
     problems += scheme_problems
     if not scheme_problems and lay.pkg.record.scheme is not None:
@@ -220,6 +222,43 @@ def _value_problems(record: Provenance) -> list[str]:
             if type(count) is int and count < 1
         ]
     return problems
+
+
+OTHER_SOURCE = "this package was converted from another checkpoint, or its provenance was edited; convert again"
+UNSET = object()  # a param that one side has and the other lacks
+
+
+def _format_problems(record: Provenance, source) -> list[str]:
+    """What the provenance says of the source's format against what the source seam reads from the
+    source given, as convert recorded it (package_files.format_record): the format's name, where its
+    quantization_config is, and, of the same format, each param. Fields of the wrong type are
+    field_problems'. Nothing else recorded is derived from the source: its directory's name changes
+    with a copy or a rename of the same checkpoint (the source check proves its shards), the hub
+    revision names a snapshot whose bytes are the same under other revisions and in a local copy,
+    and the kernel is which implementation ran (both write the same bytes: exact checks them)."""
+    import json
+
+    from ascendconv.package_files import format_record
+
+    found = json.loads(json.dumps(format_record(source)))  # as the provenance file holds it
+    recorded = {"format": record.source_format, "quantization_config": record.source_location}
+    differing = [(f"source.{key}", value, found[key]) for key, value in recorded.items() if value is not None and value != found[key]]
+    params = record.source_params
+    if params is not None and record.source_format == found["format"]:  # another format's params mean nothing here
+        differing += [
+            (f"source.params.{key}", params.get(key, UNSET), found["params"].get(key, UNSET))
+            for key in sorted(params.keys() | found["params"].keys())
+            if params.get(key, UNSET) != found["params"].get(key, UNSET)
+        ]
+
+    def spelled(value: object, unset: str) -> str:
+        return unset if value is UNSET else json_shown(value)
+
+    return [
+        f"{PROVENANCE_NAME}: {field} is {spelled(value, 'not recorded')}, but the source given has "
+        f"{spelled(derived, 'none')}: {OTHER_SOURCE}"
+        for field, value, derived in differing
+    ]
 
 
 def _role_problems(lay: _Layout) -> list[str]:
