@@ -12,7 +12,7 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
-from ascendconv.errors import BadOptionError, json_kind, json_shown, shown
+from ascendconv.errors import BadOptionError, json_kind, json_shown, json_text, shown
 from ascendconv.formats.constants import (
     E2M1,
     E4M3,
@@ -401,10 +401,12 @@ def shape_problems(path: str, value: object, shape: object) -> list[str]:
             return []
         if not isinstance(value, dict):
             return [f"{path} is {json_kind(value)}, expected {_expected(shape)}"]
-        problems = [f"{at(key)} is missing, expected {_expected(shape.shapes[key])}" for key in shape.required if key not in value]
+        problems = []
         for key, inner in shape.shapes.items():
             if key in value:
                 problems += shape_problems(at(key), value[key], inner)
+            elif key in shape.required:
+                problems.append(f"{at(key)} is missing, expected {_expected(inner)}")
         return problems
     if isinstance(shape, EntriesShape):
         if not isinstance(value, dict if shape.keyed else list):
@@ -560,8 +562,9 @@ class Provenance:
         }
 
     def origin(self) -> str:
-        """The settings in one line, as reports print them."""
-        s = self.settings()
+        """The settings in one line, as reports print them (a value that is no string as the file
+        spells it: a missing one, as JSON's null, never as Python's None)."""
+        s = {key: json_text(value) for key, value in self.settings().items()}
         return (
             f"ascendconv {s['version']}, {s['scheme']}, rule {s['scale_rule']}, resolve {s['resolve_dtype']}, "
             f"kernel {s['kernel']}"

@@ -65,6 +65,12 @@ def json_shown(value: object) -> str:
         return f"<{type(value).__name__}>"
 
 
+def json_text(value: object) -> str:
+    """A value read from JSON as a line of a report shows it: a string as it is, anything else as
+    the file spells it (json_shown)."""
+    return value if isinstance(value, str) else json_shown(value)
+
+
 def json_kind(value: object) -> str:
     """A JSON value as a message names it: its type, and its value unless that is the type
     ('null', 'true', 'a number (3)', "a string ('x')", 'a list ([1])', 'an object ({})')."""

@@ -768,6 +768,53 @@ def test_a_recorded_fallback_written_as_no_string_ends_no_role_check_either(conv
     ]
 
 
+PROVENANCE_KEYS = ["tool", "version", "source", "scheme", "scale_rule", "resolve_dtype", "fallbacks", "hub", "deployment",
+                   "overrides", "command", "date"]
+
+
+def test_provenance_fields_of_the_wrong_type_are_named_never_shown_as_none(converted, tmp_path):
+    """inspect printed 'converted by None None' and 'None fallbacks': each field inspect shows, of a
+    JSON type convert never writes there or missing, is now a disagreement naming what the file
+    holds, the summary says unknown, and --json keeps its keys (null)."""
+    root = tmp_path / "pkg"
+    shutil.copytree(package_of(converted, DENSE, "w8a8-mxfp8"), root)
+    path = root / "ascendconv_provenance.json"
+    provenance = json.loads(path.read_text())
+    del provenance["version"]
+    provenance["source"]["name"] = ["qwen3-dense-fp8"]
+    provenance.update(tool=3, scheme=None, scale_rule={}, resolve_dtype=["bf16"], fallbacks={"n": 0}, hub={"repo_id": 3, "revision": "a" * 40},
+                      deployment=[1], overrides="*=FLOAT", command=5, date=False)
+    path.write_text(json.dumps(provenance))
+
+    result = invoke(root)
+    assert result.exit_code == 0, result.output
+    assert "None" not in result.stdout
+    facts = dict(re.split(r"\s{2,}", line, maxsplit=1) for line in result.stdout.splitlines()[1:8])
+    assert facts["converted by"] == "(unknown) (unknown) from (unknown)"
+    assert facts["scheme"] == "(unknown), rule (unknown), resolve (unknown), fallbacks (unknown)"
+    assert facts["source"] == "(unknown)"
+    assert "planned for" not in facts and "command" not in facts
+
+    data = json.loads(invoke(root, "--json").stdout)
+    assert list(data["package"]["provenance"]) == PROVENANCE_KEYS
+    assert data["package"]["provenance"] == {**dict.fromkeys(PROVENANCE_KEYS), "overrides": []}
+    assert data["problems"] == [f"ascendconv_provenance.json: {problem}" for problem in [
+        "tool is a number (3), expected a string",
+        "version is missing, expected a string",
+        'source.name is a list (["qwen3-dense-fp8"]), expected a string',
+        "scheme is null, expected a string",
+        "scale_rule is an object ({}), expected a string",
+        'resolve_dtype is a list (["bf16"]), expected a string',
+        'fallbacks is an object ({"n": 0}), expected a list',
+        "hub.repo_id is a number (3), expected a string",
+        "overrides is a string ('*=FLOAT'), expected a list",
+        "command is a number (5), expected a string",
+        "date is false, expected a string",
+        "deployment is a list ([1]), expected an object",
+    ]]
+    assert "- ascendconv_provenance.json: tool is a number (3), expected a string" in result.stdout
+
+
 NO_REGULAR_FILE = {"dangling link": "a symbolic link to nothing", "FIFO": "a FIFO", "directory": "a directory"}
 
 

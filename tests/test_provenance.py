@@ -136,3 +136,9 @@ def test_a_package_written_before_source_formats_reads_as_block_fp8():
                                             "weight_block_size": [128, 128], "files": []}}
     assert Provenance(old).source_format == "hf-fp8-block"
     assert Provenance({**old, "source": {**old["source"], "format": ["x"]}}).source_format is None
+
+
+def test_the_settings_line_spells_what_the_file_holds_never_none():
+    """verify's header and its provenance check said 'ascendconv None' for a version left out."""
+    line = Provenance({"scheme": "w8a8-mxfp8", "scale_rule": None, "resolve_dtype": 16, "kernel": ["numba"]}).origin()
+    assert line == 'ascendconv null, w8a8-mxfp8, rule null, resolve 16, kernel ["numba"]'

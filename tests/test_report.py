@@ -109,6 +109,17 @@ def test_markdown_report_is_small_and_escapes_names(measured):
     assert len(columns) == 1  # no row of the worst-weights table gained a column from a '|' in a name
 
 
+def test_a_provenance_setting_missing_or_of_another_type_is_shown_as_json_never_as_none(measured):
+    _, data = measured
+    provenance = {**data["provenance"], "version": None, "kernel": 3, "scheme": ["w4a8-mxfp-moe"], "source": None, "hub": None}
+    damaged = {**data, "provenance": provenance}
+    for text in (md_of(damaged), html_of(damaged)):
+        assert "None" not in text.split("Provenance")[-1]
+    text = md_of(damaged)
+    assert "| written by | ascendconv null, kernel 3 |" in text and "| source | null |" in text
+    assert '| scheme | \\["w4a8-mxfp-moe"\\], rule mse, resolve bf16 |' in text
+
+
 def test_markdown_of_a_deepseek_sized_report_stays_small():
     """61 layers x 256 experts x 3 projections: tables of groups, not of tensors, under the 1 MiB that a
     GitHub job summary may hold, and the HTML page too stays well below the report's JSON."""

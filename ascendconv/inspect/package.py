@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ascendconv.ascendv1 import INDEX_NAME as PACKAGE_INDEX_NAME
-from ascendconv.ascendv1 import RANK
+from ascendconv.ascendv1 import PROVENANCE_NAME, RANK
 from ascendconv.errors import shown
 from ascendconv.formats.constants import GROUP_SIZE
 from ascendconv.inspect.report import KIND_PACKAGE, InspectReport, ShardInfo
@@ -33,6 +33,8 @@ def inspect_package(root: Path, glob: str | None) -> InspectReport:
     if highest is not None and declared != highest:
         problems.append(f"model_quant_type is {shown(declared)} but the highest type described is {shown(highest)}")
     problems += package.unknown_types()
+    if package.provenance is not None:  # a field of the wrong type is shown as unknown: say what the file holds
+        problems += [f"{PROVENANCE_NAME}: {problem}" for problem in package.record.field_problems()]
     problems += package.scheme_problems()
     group_size = package.fields.get("group_size", GROUP_SIZE)
     if type(group_size) is not int or group_size != GROUP_SIZE:  # 32.0 == 32, but breaks vllm-ascend's shapes

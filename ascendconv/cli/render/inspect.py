@@ -22,6 +22,9 @@ from ascendconv.cli.render.tables import (
 from ascendconv.errors import plural
 
 
+UNKNOWN = "(unknown)"  # a provenance field the package's file holds no value of the right type for
+
+
 def render_inspect(report, console: Console) -> None:
     """Print an InspectReport: the summary, or the tensor table when the report lists tensors."""
     if report.tensors is not None:
@@ -84,16 +87,13 @@ def _render_inspect_summary(report, console: Console) -> None:
         if prov is None:
             facts.append(("provenance", "none (not written by ascendconv)"))
         else:
-            facts.append(("converted by", f"{prov['tool']} {prov['version']} from {prov['source']}"))
-            facts.append(
-                (
-                    "scheme",
-                    f"{prov['scheme']}, rule {prov['scale_rule']}, resolve {prov['resolve_dtype']}, "
-                    f"{plural(prov['fallbacks'], 'fallback')}",
-                )
-            )
+            # null: the file holds no value of the field's type, which the disagreements name
+            said = {key: UNKNOWN if value is None else value for key, value in prov.items()}
+            facts.append(("converted by", f"{said['tool']} {said['version']} from {said['source']}"))
+            fallbacks = "fallbacks " + UNKNOWN if prov["fallbacks"] is None else plural(prov["fallbacks"], "fallback")
+            facts.append(("scheme", f"{said['scheme']}, rule {said['scale_rule']}, resolve {said['resolve_dtype']}, {fallbacks}"))
             hub = prov["hub"]
-            source = f"{hub['repo_id']} at revision {hub['revision']}" if hub else str(prov["source"])
+            source = f"{hub['repo_id']} at revision {hub['revision']}" if hub else said["source"]
             facts.append(("source", source + (f", on {prov['date']}" if prov["date"] else "")))
             if prov["deployment"]:
                 facts.append(("planned for", deployment_flags(prov["deployment"])))

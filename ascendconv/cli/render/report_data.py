@@ -9,7 +9,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from ascendconv.errors import plural
+from ascendconv.errors import json_text, plural
 
 # 'model.layers.12.mlp.experts.37.down_proj.weight' -> root 'model.', layer 12, the rest
 _LAYER = re.compile(r"^(?P<root>(?:.*\.)?)layers\.(?P<layer>\d+)\.(?P<rest>.+)$")
@@ -157,16 +157,18 @@ def float_modules(report: dict) -> list[tuple[str, int, int]]:
 
 
 def provenance_rows(report: dict) -> list[tuple[str, str]]:
-    """How the package was made, as label-value pairs (values as recorded, any type shown as text)."""
+    """How the package was made, as label-value pairs (values as recorded, any type shown as text:
+    a string as it is, anything else as JSON spells it, so a missing version is null, not None)."""
     prov = report.get("provenance")
     if not prov:
         return [("provenance", "none: not written by ascendconv, or its provenance file is missing")]
     hub = prov.get("hub")
     deployment = prov.get("deployment")
+    said = {key: json_text(prov.get(key)) for key in ("version", "kernel", "scheme", "scale_rule", "resolve_dtype", "source")}
     rows = [
-        ("written by", f"ascendconv {prov.get('version')}, kernel {prov.get('kernel')}"),
-        ("scheme", f"{prov.get('scheme')}, rule {prov.get('scale_rule')}, resolve {prov.get('resolve_dtype')}"),
-        ("source", f"{hub['repo_id']} at revision {hub['revision']}" if hub else str(prov.get("source"))),
+        ("written by", f"ascendconv {said['version']}, kernel {said['kernel']}"),
+        ("scheme", f"{said['scheme']}, rule {said['scale_rule']}, resolve {said['resolve_dtype']}"),
+        ("source", f"{hub['repo_id']} at revision {hub['revision']}" if hub else said["source"]),
     ]
     if deployment:
         rows.append(("planned for", f"--tp {deployment['tp']}" + (" --ep" if deployment["ep"] else "")
