@@ -767,3 +767,86 @@ def test_an_interrupt_whose_exception_was_lost_still_ends_the_run_before_publish
     assert lost and caught.value.signum == signal.SIGINT
     assert not (tmp_path / "out").exists() and hidden_siblings(tmp_path) == []
 
+
+
+def everything_below(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+GONE_MESSAGE = "No such file or directory: the directory it was written in was removed or renamed during the run"
+GONE_HINT = "leave OUT's directory in place until convert ends, then run it again"
+
+
+@pytest.mark.parametrize("change, left", [
+    ("OUT's directory renamed", ["moved"]),
+    ("OUT's directory, made by the run, renamed", []),
+    ("the staging moved out of OUT's directory", ["models"]),
+])
+def test_out_s_directory_renamed_during_the_run_leaves_nothing_of_the_run(fixture_copy, tmp_path, change, left):
+    """OUT's directory renamed (or the staging moved) while the package was written: the run failed,
+    but removed its staging and lock by their old paths, so both stayed in the renamed directory (or
+    the moved staging stayed where it was moved), and a directory the run had made stayed too. (OUT's
+    directory removed left nothing before either: test_out_s_directory_removed_during_the_run_is_named_as_such.)"""
+    src = fixture_copy(DENSE)
+    work = tmp_path / "work"
+    work.mkdir()
+    parent = work / "models"
+    if change != "OUT's directory, made by the run, renamed":
+        parent.mkdir()
+    changed = []
+
+    def progress(done, total):
+        if changed:
+            return
+        changed.append(change)
+        if change == "the staging moved out of OUT's directory":
+            next(parent.glob(f".out{STAGING_TAG}*")).rename(work / "staging")
+        else:
+            parent.rename(work / "moved")
+
+    with pytest.raises(OutputWriteError) as caught:
+        convert(src, parent / "out", ConvertOptions(max_shard_size=100_000), progress=progress)
+    error = caught.value
+    assert error.exit_code == 4
+    assert f"{parent}/.out{STAGING_TAG}" in error.message and GONE_MESSAGE in error.message
+    assert error.message.endswith("; the package was not written") and error.hint == GONE_HINT
+    assert everything_below(work) == left
+
+
+def test_out_s_directory_renamed_and_made_again_keeps_the_new_one(fixture_copy, tmp_path):
+    """Where the run made OUT's directory, and it was renamed and a directory made at its old path:
+    the run removed that new directory (not its own) and left its own, with its staging and lock in it."""
+    src = fixture_copy(DENSE)
+    parent = tmp_path / "work" / "models"
+    changed = []
+
+    def progress(done, total):
+        if not changed:
+            changed.append(parent.rename(tmp_path / "work" / "moved"))
+            parent.mkdir()
+
+    with pytest.raises(OutputWriteError, match=GONE_MESSAGE):
+        convert(src, parent / "out", ConvertOptions(max_shard_size=100_000), progress=progress)
+    assert everything_below(tmp_path / "work") == ["models"]
+
+
+def test_out_s_directory_renamed_just_before_the_package_is_renamed_into_place(fixture_copy, tmp_path, monkeypatch):
+    """Renamed once the package was complete: the rename into place failed as 'could not be renamed
+    into place (No such file or directory)', an OutputPathError (exit 2) whose hint was to make OUT
+    replaceable, and the staging stayed in the renamed directory."""
+    src = fixture_copy(DENSE)
+    parent = tmp_path / "work" / "models"
+    parent.mkdir(parents=True)
+    publish = outdir.StagedOutput.publish
+
+    def renamed_first(staged):
+        parent.rename(tmp_path / "work" / "moved")
+        publish(staged)
+
+    monkeypatch.setattr(outdir.StagedOutput, "publish", renamed_first)
+    with pytest.raises(OutputWriteError) as caught:
+        convert(src, parent / "out", ConvertOptions())
+    error = caught.value
+    assert error.message.startswith(f"{parent}/.out{STAGING_TAG}") and GONE_MESSAGE in error.message
+    assert error.exit_code == 4 and error.hint == GONE_HINT
+    assert everything_below(tmp_path / "work") == ["moved"]

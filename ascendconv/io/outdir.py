@@ -42,7 +42,7 @@ from ascendconv.errors import (
     shown,
 )
 from ascendconv.io.files import identity, is_within
-from ascendconv.io.output import unchangeable_attribute
+from ascendconv.io.output import directory_gone, unchangeable_attribute
 
 STAGING_TAG = ".ascendconv-staging-"
 OLD_TAG = ".ascendconv-old-"
@@ -223,9 +223,10 @@ def signals_deferred(deliver: bool = True) -> Iterator[None]:
 # --- the staged output --------------------------------------------------------------------------
 
 
-def _make_parents(directory: Path) -> list[Path]:
-    """mkdir -p, returning the directories it created, outermost first. One that another process
-    creates meanwhile (a run to a sibling OUT: the part jobs of one matrix) is used, not ours to remove."""
+def _make_parents(directory: Path) -> list[tuple[Path, tuple[int, int] | None]]:
+    """mkdir -p, returning the directories it created, outermost first, each with its identity (so
+    that it is removed only while it is the one made). One that another process creates meanwhile (a
+    run to a sibling OUT: the part jobs of one matrix) is used, not ours to remove."""
     missing = []
     while not directory.exists():
         missing.append(directory)
@@ -238,8 +239,26 @@ def _make_parents(directory: Path) -> list[Path]:
             if path.is_dir() and not path.is_symlink():
                 continue
             raise
-        created.append(path)
+        created.append((path, identity(path, follow=False)))
     return created
+
+
+def where_now(fd: int, recorded: Path) -> Path | None:
+    """The path naming the file or directory open as `fd`: `recorded` while it still does, else the
+    one Linux's /proc gives (it was renamed or moved, or a directory above it was); None once it is
+    removed, or moved where this system cannot tell."""
+    st = os.fstat(fd)
+    for path in (recorded, _proc_path(fd)):
+        if path is not None and identity(path, follow=False) == (st.st_dev, st.st_ino):
+            return path
+    return None
+
+
+def _proc_path(fd: int) -> Path | None:
+    try:
+        return Path(os.readlink(f"/proc/self/fd/{fd}"))
+    except OSError:  # no /proc
+        return None
 
 
 class OutputLock:
@@ -336,8 +355,10 @@ class OutputLock:
     def release(self) -> None:
         if self.fd is None:
             return
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
+        path = where_now(self.fd, self.path)  # beside OUT, or where OUT's directory was renamed to meanwhile
+        if path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
         os.close(self.fd)
         self.fd = None
 
@@ -447,8 +468,9 @@ class StagedOutput:
         self.ledger = ledger
         self.notice = notice
         self.lock = OutputLock(out)
-        self.created: list[Path] = []
+        self.created: list[tuple[Path, tuple[int, int] | None]] = []
         self.staging: Path | None = None
+        self.staging_fd: int | None = None  # open on the staging, so that where_now finds it wherever it is moved
         self.resumed = False
         self.trash: Path | None = None
         self.published = False
@@ -461,16 +483,22 @@ class StagedOutput:
             for stale in stale_siblings(self.out):
                 self._wait_for_writers(stale)
                 if self._adopt(stale):
-                    self.staging, self.resumed = stale, True
+                    self._stage(stale)
+                    self.resumed = True
                 else:
                     self._remove_stale(stale)
             if self.staging is None:
-                self.staging = self.out.parent / f".{self.out.name}{STAGING_TAG}{secrets.token_hex(8)}"
-                self.staging.mkdir()
+                staging = self.out.parent / f".{self.out.name}{STAGING_TAG}{secrets.token_hex(8)}"
+                staging.mkdir()
+                self._stage(staging)
         except BaseException as exc:
             self._clean_up(exc)
             raise
         return self
+
+    def _stage(self, staging: Path) -> None:
+        self.staging = staging
+        self.staging_fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
 
     def _wait_for_writers(self, stale: Path) -> None:
         """A dead run's staging may still be written: its --ray tasks outlive a driver killed with
@@ -566,6 +594,8 @@ class StagedOutput:
     def _not_published(self, exc: OSError) -> AscendconvError:
         if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
             return OutputExistsError(f"{self.out}: appeared while the package was being written, and is left as it is")
+        if exc.errno == errno.ENOENT:  # the staging, or OUT's directory with it, renamed or removed meanwhile
+            return directory_gone(self.staging, exc)
         return OutputPathError(
             f"{self.out}: the finished package could not be renamed into place ({exc.strerror})",
             f"make {self.out} replaceable (or remove it), then run the same command again",
@@ -575,19 +605,36 @@ class StagedOutput:
         self._clean_up(exc)
 
     def _clean_up(self, exc: BaseException | None) -> None:
-        if not self.published and self.staging is not None and self.resume is None:
+        # what the run made is removed where it is now: OUT's directory (or the staging) may have been
+        # renamed during the run, and what is at the old paths then is not the run's
+        staging = None
+        if self.staging_fd is not None:
+            staging = where_now(self.staging_fd, self.staging)
+            os.close(self.staging_fd)  # first: out of descriptors (ulimit -n), the removal needs one
+            self.staging_fd = None
+        if not self.published and staging is not None and self.resume is None:
             with signals_deferred(deliver=False):
-                shutil.rmtree(self.staging, ignore_errors=True)
+                shutil.rmtree(staging, ignore_errors=True)
         self.lock.release()
         if not self.published:
-            for directory in reversed(self.created):
-                with contextlib.suppress(OSError):
-                    directory.rmdir()
+            self._remove_created(staging.parent if staging is not None else None)
         if isinstance(exc, KeyboardInterrupt):
             exc.outcome = self.outcome  # type: ignore[attr-defined]
         elif isinstance(exc, AscendconvError) and self._kept():
             kept = f"finished shards are kept in {self.staging}: the same command with --resume reuses them"
             exc.hint = f"{exc.hint}; {kept}" if exc.hint else kept
+
+    def _remove_created(self, parent: Path | None) -> None:
+        """rmdir the directories the run made, innermost first, each where it is now: below `parent`
+        (OUT's directory as the staging found it, renamed with it perhaps), else where it was made;
+        each only while it is the directory made."""
+        for made, made_identity in reversed(self.created):
+            for path in (parent, made):
+                if path is not None and identity(path, follow=False) == made_identity:
+                    with contextlib.suppress(OSError):
+                        path.rmdir()
+                    break
+            parent = parent.parent if parent is not None else None
 
     def _kept(self) -> bool:
         return not self.published and self.resume is not None and self.staging is not None and self.staging.is_dir()

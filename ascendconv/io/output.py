@@ -201,12 +201,18 @@ def output_error(
     if exc.errno in _REFUSED:
         return OutputPathError(f"{where}: {exc.strerror}; the package was not written")
     if exc.errno == errno.ENOENT and not os.path.isdir(os.path.dirname(os.path.abspath(where))):
-        return OutputWriteError(
-            f"{where}: {exc.strerror}: the directory it was written in was removed or renamed during the run; "
-            "the package was not written",
-            "leave OUT's directory in place until convert ends, then run it again",
-        )
+        return directory_gone(where, exc)
     return OutputWriteError(f"{where}: {exc.strerror or exc}; the package was not written")
+
+
+def directory_gone(where: str | os.PathLike, exc: OSError) -> OutputWriteError:
+    """The error of a write to `where` that failed (ENOENT) because the directory it went to, the
+    staging or OUT's directory, was removed or renamed during the run."""
+    return OutputWriteError(
+        f"{where}: {exc.strerror}: the directory it was written in was removed or renamed during the run; "
+        "the package was not written",
+        "leave OUT's directory in place until convert ends, then run it again",
+    )
 
 
 @contextlib.contextmanager
