@@ -127,6 +127,7 @@ def convert_on_ray(
     ray = import_ray()
     started = time.perf_counter()
     out = Path(out).absolute()
+    check_output_path(out)  # before a header is read, as convert's
     source = open_source(src)
     try:
         plan = plan_for(source, options)
@@ -134,7 +135,6 @@ def convert_on_ray(
         total = source_bytes(source, plan)
         root = Path(source.root).absolute()
         check = lambda: check_output(out, root, options.overwrite, DESCRIPTION_NAME)  # noqa: E731
-        check_output_path(out)
         OutputLock(out).probe()  # before Ray is started: a busy OUT is refused at once, as convert's
         check()
         check_free_space(out, space_to_write(source, plan, list(range(len(plan.shards))), out, False))

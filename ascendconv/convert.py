@@ -163,6 +163,9 @@ def convert(
     started = time.perf_counter()
     out = Path(out)
     with interruptible(out):
+        # first: an OUT that cannot be made (or replaced) is refused before a header is read, and names
+        # too long for the file system make stat() itself fail in the checks below
+        check_output_path(out)
         try:
             source = open_source(src)
         except InputError:
@@ -177,7 +180,6 @@ def convert(
                 raise BadOptionError(f"unknown kernel {options.kernel!r}", f"choose one of {', '.join(KERNELS)}")
             marker = PART_MANIFEST_NAME if options.part else DESCRIPTION_NAME
             check = lambda: check_output(out, source.root, options.overwrite, marker)  # noqa: E731
-            check_output_path(out)  # first: names too long for the file system make stat() itself fail
             # before anything is read, created or compiled, a dry run's too (it says what the run would
             # refuse): a busy OUT, then what is there; both are decided again under the lock
             OutputLock(out).probe()

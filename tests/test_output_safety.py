@@ -484,6 +484,40 @@ def test_an_immutable_or_append_only_out_or_directory_is_refused_before_anything
             assert list(parent.iterdir()) == []
 
 
+@pytest.mark.parametrize("command, where", [
+    ("convert", "OUT"), ("convert", "OUT's directory"), ("dry run", "OUT"), ("dry run", "OUT's directory"),
+    ("ray", "OUT"), ("ray", "OUT's directory"), ("assemble", "OUT"),
+])
+def test_an_out_no_package_can_replace_is_refused_before_the_source_is_read(
+    fixture_copy, tmp_path, monkeypatch, command, where
+):
+    """The refusal of an immutable OUT (or OUT's directory) came only once the source's every header
+    was read and the plan made (seconds for a large checkpoint: 9 s for Kimi-K3's 497,052 tensors),
+    and assemble's once every part's shards were hashed."""
+    import ascendconv.assemble
+    import ascendconv.cluster
+    import ascendconv.convert
+
+    parent = tmp_path / "models"
+    parent.mkdir()
+    out = parent / "out"
+    if where == "OUT":
+        out.mkdir()
+    args = command_to(out, command if command != "ray" else "convert", fixture_copy, tmp_path)
+    read = []
+    for module, name in [(ascendconv.convert, "open_source"), (ascendconv.cluster, "open_source"),
+                         (ascendconv.assemble, "checked_parts")]:
+        def reading(*args, _real=getattr(module, name), _name=name, **kwargs):
+            read.append(_name)
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(module, name, reading)
+    with attribute_set(out if where == "OUT" else parent, "i"):
+        result = runner.invoke(app, [*args, *(["--ray"] if command == "ray" else []), "--json"])
+    assert result.exit_code == 2, result.output
+    assert json.loads(result.stdout)["error"] == "OutputPathError"
+    assert read == []
+
+
 def test_a_new_out_below_an_append_only_directory_is_converted(fixture_copy, tmp_path):
     """Where convert makes OUT's directory itself, inside an append-only one, the package is renamed in
     the new directory, which has no attribute: nothing to refuse."""

@@ -42,7 +42,7 @@ from ascendconv.errors import (
     shown,
 )
 from ascendconv.io.files import identity, is_within
-from ascendconv.io.output import directory_gone, unchangeable_attribute
+from ascendconv.io.output import check_replaceable, directory_gone
 
 STAGING_TAG = ".ascendconv-staging-"
 OLD_TAG = ".ascendconv-old-"
@@ -101,13 +101,7 @@ def _check_present(out: Path, overwrite: bool, marker: str) -> None:
         raise OutputExistsError(f"{out}: exists and is not a directory", "choose a new or empty directory as OUT")
     if os.path.ismount(out):
         raise UnsafeOutputError(f"{out}: is a mount point", "write the package into a new directory inside it")
-    attribute = unchangeable_attribute(out)  # the finished package replaces OUT: refused now, not then
-    if attribute is not None:
-        name, letter = attribute
-        raise OutputPathError(
-            f"{out}: has the {name} attribute (chattr +{letter}), so no package can be renamed into its place, not even by root",
-            f"remove the {name} attribute: chattr -{letter} {out}, or choose another OUT",
-        )
+    check_replaceable(out)  # the finished package replaces OUT: refused now, not then
     if not any(out.iterdir()):
         return
     if not overwrite:

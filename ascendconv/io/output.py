@@ -1,8 +1,9 @@
 """Where a package may be written, whether it fits, and what a failed write is called.
 
-`check_output_path` and `check_free_space` run before anything is written, so an unusable OUT
-(`.`/`..`, a name the file system cannot hold, a read-only or unwritable parent, too little space)
-is a named error and not a traceback halfway through; what would lose data (the source, a symbolic
+`check_output_path` (before the source is read) and `check_free_space` run before anything is
+written, so an unusable OUT (`.`/`..`, a name the file system cannot hold, a read-only or unwritable
+parent, an OUT or parent that no package can be renamed into, too little space) is a named error and
+not a traceback halfway through; what would lose data (the source, a symbolic
 link, a mount point, a non-package under --overwrite) is `outdir.check_output`'s.
 `output_errors` turns the OSError of a write that fails anyway (the disk filled meanwhile, a
 file-size limit, an I/O error) into a named error, in one place.
@@ -108,6 +109,18 @@ def check_output_path(out: Path) -> None:
             read_only = False
         why = "is on a read-only file system" if read_only else "is not writable"
         raise OutputPathError(f"{out}: cannot create the package there: {parent} {why}")
+    check_replaceable(out)
+
+
+def check_replaceable(out: Path) -> None:
+    """Refuse an existing OUT that the finished package could not be renamed into the place of."""
+    attribute = unchangeable_attribute(out)
+    if attribute is not None:
+        name, letter = attribute
+        raise OutputPathError(
+            f"{out}: has the {name} attribute (chattr +{letter}), so no package can be renamed into its place, not even by root",
+            f"remove the {name} attribute: chattr -{letter} {out}, or choose another OUT",
+        )
 
 
 def _check_name_lengths(out: Path, parent: Path) -> None:
