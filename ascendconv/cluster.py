@@ -106,9 +106,12 @@ class ProgressBoard:
         return sum(self.parts.values())
 
 
-def convert_part(src: str, directory: str, options: ConvertOptions, board, number: int) -> list[str]:
-    """One Ray task: convert one part; report progress to `board` at most every PROGRESS_EVERY s.
-    Returns the shards it reused from a failed attempt of the same part."""
+def convert_part(
+    src: str, directory: str, options: ConvertOptions, board, number: int, staging: tuple[int, int]
+) -> list[str]:
+    """One Ray task: convert one part into the run's staging directory, whose identity is `staging`
+    (a task starting once that run has ended writes nothing); report progress to `board` at most
+    every PROGRESS_EVERY s. Returns the shards it reused from a failed attempt of the same part."""
     last = [0.0]
 
     def report(done: int, total: int) -> None:
@@ -117,7 +120,7 @@ def convert_part(src: str, directory: str, options: ConvertOptions, board, numbe
             last[0] = now
             board.update.remote(number, done)
 
-    return convert(src, directory, options, report).reused_shards
+    return convert(src, directory, options, report, inside=staging).reused_shards
 
 
 def convert_on_ray(
@@ -150,7 +153,9 @@ def convert_on_ray(
             count = part_count(ray, plan, ray_options)
             with output_errors(out), StagedOutput(out, check) as staged:
                 directories = [staged.staging / f".part-{i}-of-{count}" for i in range(1, count + 1)]
-                reused = run_parts(ray, root, directories, options, ray_options, total, progress, not started_ray)
+                reused = run_parts(
+                    ray, root, staged.staging_identity, directories, options, ray_options, total, progress, not started_ray
+                )
                 checked = checked_parts(directories, options.workers)
                 parts = checked.parts
                 bytes_written, _ = assemble_into(staged.staging, parts, checked.identities)
@@ -166,10 +171,11 @@ def convert_on_ray(
 
 
 def run_parts(
-    ray, root: Path, directories: list[Path], options: ConvertOptions, ray_options: RayOptions, total: int,
-    progress: Progress | None, cancel_on_failure: bool = True,
+    ray, root: Path, staging: tuple[int, int], directories: list[Path], options: ConvertOptions,
+    ray_options: RayOptions, total: int, progress: Progress | None, cancel_on_failure: bool = True,
 ) -> list[str]:
-    """Run part 1..N as Ray tasks; when all succeeded, return the shards retries reused; raise the
+    """Run part 1..N as Ray tasks, into `directories` in the staging whose identity is `staging`;
+    when all succeeded, return the shards retries reused; raise the
     first failure's error. On a failure the tasks still pending are cancelled where they outlive
     us (`cancel_on_failure`: a cluster we joined); a Ray we started stops them as it shuts down,
     and cancelling them first races that shutdown (Ray's core worker then aborts the process)."""
@@ -182,7 +188,9 @@ def run_parts(
         replace(options, part=(i, count), resume=True, overwrite=False, workers=ray_options.cpus_per_task)
         for i in range(1, count + 1)
     ]
-    refs = {task.remote(str(root), str(d), o, board, i): i for i, (d, o) in enumerate(zip(directories, part_options), 1)}
+    refs = {
+        task.remote(str(root), str(d), o, board, i, staging): i for i, (d, o) in enumerate(zip(directories, part_options), 1)
+    }
     pending = list(refs)
     reused: list[str] = []
     try:

@@ -158,8 +158,11 @@ def convert(
     dry_run: bool = False,
     notice: Notice | None = None,
     on_shard: Callable[[int, int], None] | None = None,
+    inside: tuple[int, int] | None = None,
 ) -> ConvertResult:
-    """`on_shard(closed, count)` is told as each of the run's shards is finished (a CI heartbeat)."""
+    """`on_shard(closed, count)` is told as each of the run's shards is finished (a CI heartbeat).
+    `inside`: the identity OUT's directory must have, which is never made (a --ray task's: its run's
+    staging; see StagedOutput)."""
     started = time.perf_counter()
     out = Path(out)
     with interruptible(out):
@@ -195,7 +198,7 @@ def convert(
             adopt = adopter(identity, out, options.overwrite) if options.resume else None
             workers = worker_count(options.workers)
             closed = shard_counter(len(wanted), on_shard)
-            staged_output = StagedOutput(out, check, adopt, LEDGER_NAME, notice)
+            staged_output = StagedOutput(out, check, adopt, LEDGER_NAME, notice, inside)
             # output_errors twice: outside for the staging's own set-up, inside so that a write error is
             # named before the staging's clean-up adds where kept work is (--resume)
             with output_errors(out), mapped_reads_guarded(), staged_output as staged, output_errors(out), closed_on_failure(source):

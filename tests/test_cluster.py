@@ -145,6 +145,81 @@ def test_a_killed_task_is_retried_and_resumes_its_part(ray, tmp_path):
     assert tree(out) == tree(golden)
 
 
+GONE = ("the staging directory of the run this part belongs to is gone (that run ended, or OUT's directory was removed "
+        "or renamed during it); the part was not written")
+
+
+def test_tasks_starting_after_out_s_directory_was_renamed_write_nothing(ray, tmp_path, monkeypatch):
+    """OUT's directory renamed before the tasks started: each made the old staging path again (mkdir
+    -p, OUT's directory with it), wrote its part there, and the run published the package at the old
+    path as if nothing had happened, leaving its staging and lock in the renamed directory."""
+    import ascendconv.cluster as cluster
+    from ascendconv.errors import OutputWriteError
+    from ascendconv.options import RayOptions
+
+    parent = tmp_path / "work" / "models"
+    parent.mkdir(parents=True)
+    run_parts = cluster.run_parts
+
+    def renamed_first(*args, **kwargs):
+        parent.rename(tmp_path / "work" / "moved")
+        return run_parts(*args, **kwargs)
+
+    monkeypatch.setattr(cluster, "run_parts", renamed_first)
+    options = ConvertOptions(scheme=SCHEME, max_shard_size=LIMIT)
+    with pytest.raises(OutputWriteError) as caught:
+        cluster.convert_on_ray(FIXTURES / FIXTURE, parent / "out", options, RayOptions(parts=2, cpus_per_task=1, max_retries=1))
+    assert caught.value.message.startswith(f"{parent}/.out.ascendconv-staging-") and caught.value.message.endswith(GONE)
+    assert caught.value.exit_code == 4
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == ["work", "work/moved"]
+
+
+@pytest.mark.parametrize("when", ["as its staging is being removed", "after", "as the next run removes its staging"])
+def test_a_task_starting_once_its_run_has_ended_writes_nothing(fixture_copy, tmp_path, monkeypatch, when):
+    """A task Ray starts late (pending while its run failed; a retry) made its run's staging again
+    (mkdir -p) and wrote its part there, for good; one starting as the run removed the staging (or,
+    the driver killed, as the next run removed it) wrote into it, and what it made as the files went
+    could stay. No Ray here: the runs and the late task are called as the driver and Ray would."""
+    import shutil
+
+    from ascendconv.cluster import convert_part
+    from ascendconv.errors import OutputWriteError
+    from ascendconv.io.outdir import StagedOutput
+
+    src = fixture_copy("qwen3-dense-fp8")
+    refused = []
+
+    def late_task():
+        refused.append(None)  # first: the spy below starts one late task only
+        with pytest.raises(OutputWriteError) as caught:
+            convert_part(str(src), str(staging / ".part-1-of-1"), ConvertOptions(part=(1, 1), resume=True), None, 1, run)
+        refused[-1] = caught.value
+
+    rmtree = shutil.rmtree
+
+    def removing(path, *args, **kwargs):
+        if when != "after" and not refused:
+            late_task()
+        rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(shutil, "rmtree", removing)
+    if when == "as the next run removes its staging":
+        staging = tmp_path / ".out.ascendconv-staging-0123456789abcdef"  # a driver killed with SIGKILL left it
+        staging.mkdir()
+        run = (staging.stat().st_dev, staging.stat().st_ino)
+        with StagedOutput(tmp_path / "out", lambda: None):
+            pass
+    else:
+        with pytest.raises(RuntimeError), StagedOutput(tmp_path / "out", lambda: None) as staged:
+            staging, run = staged.staging, staged.staging_identity
+            raise RuntimeError("a part failed")
+    if when == "after":
+        late_task()
+    assert refused[0].message == f"{staging}: {GONE}"
+    assert refused[0].hint == "leave OUT's directory in place until convert ends, then run it again"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
 # --- options checked before Ray starts, a bounded connection, a task the cluster can place, signals ---
 
 

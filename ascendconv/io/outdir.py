@@ -38,11 +38,12 @@ from ascendconv.errors import (
     OutputBusyError,
     OutputExistsError,
     OutputPathError,
+    OutputWriteError,
     UnsafeOutputError,
     shown,
 )
 from ascendconv.io.files import identity, is_within
-from ascendconv.io.output import check_replaceable, directory_gone
+from ascendconv.io.output import LEAVE_IN_PLACE, check_replaceable, directory_gone
 
 STAGING_TAG = ".ascendconv-staging-"
 OLD_TAG = ".ascendconv-old-"
@@ -446,6 +447,10 @@ class StagedOutput:
     `staging` again (`resumed` says so); the others are removed as usual. `resume` may raise to refuse.
     `ledger` names the bookkeeping file of kept work (never part of the published package), and
     `notice` is told what the user would not otherwise see: kept work removed, old remains left.
+
+    With `inside` (a directory's identity, `staging_identity` of the run a --ray task belongs to),
+    OUT's directory must be that directory, and is never made: once the run has ended and its
+    staging is gone, a task starting late writes nothing rather than make it again.
     """
 
     def __init__(
@@ -455,8 +460,10 @@ class StagedOutput:
         resume: Callable[[Path], bool] | None = None,
         ledger: str | None = None,
         notice: Callable[[str], None] | None = None,
+        inside: tuple[int, int] | None = None,
     ):
         self.out = out
+        self.inside = inside
         self.check = check
         self.resume = resume
         self.ledger = ledger
@@ -471,7 +478,14 @@ class StagedOutput:
 
     def __enter__(self) -> "StagedOutput":
         try:
-            self.created = _make_parents(self.out.parent)
+            if self.inside is None:
+                self.created = _make_parents(self.out.parent)
+            elif identity(self.out.parent, follow=False) != self.inside:
+                raise OutputWriteError(
+                    f"{self.out.parent}: the staging directory of the run this part belongs to is gone (that run "
+                    "ended, or OUT's directory was removed or renamed during it); the part was not written",
+                    LEAVE_IN_PLACE,
+                )
             self.lock.acquire()
             self.check()
             for stale in stale_siblings(self.out):
@@ -493,6 +507,13 @@ class StagedOutput:
     def _stage(self, staging: Path) -> None:
         self.staging = staging
         self.staging_fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+    @property
+    def staging_identity(self) -> tuple[int, int]:
+        """(device, inode) of the staging directory, whatever its path becomes."""
+        assert self.staging_fd is not None
+        st = os.fstat(self.staging_fd)
+        return st.st_dev, st.st_ino
 
     def _wait_for_writers(self, stale: Path) -> None:
         """A dead run's staging may still be written: its --ray tasks outlive a driver killed with
@@ -517,7 +538,7 @@ class StagedOutput:
     def _remove_stale(self, stale: Path) -> None:
         """Remove what a dead run left; kept --resume work (its ledger inside) not without saying so."""
         kept = self.ledger is not None and STAGING_TAG in stale.name and (stale / self.ledger).is_file()
-        shutil.rmtree(stale)
+        shutil.rmtree(self._set_aside(stale))  # a dead --ray run's task may yet start
         if kept and self.notice is not None:
             self.notice(
                 f"removed {stale}: unfinished work an earlier --resume run kept for {self.out}"
@@ -608,7 +629,7 @@ class StagedOutput:
             self.staging_fd = None
         if not self.published and staging is not None and self.resume is None:
             with signals_deferred(deliver=False):
-                shutil.rmtree(staging, ignore_errors=True)
+                shutil.rmtree(self._set_aside(staging), ignore_errors=True)
         self.lock.release()
         if not self.published:
             self._remove_created(staging.parent if staging is not None else None)
@@ -617,6 +638,18 @@ class StagedOutput:
         elif isinstance(exc, AscendconvError) and self._kept():
             kept = f"finished shards are kept in {self.staging}: the same command with --resume reuses them"
             exc.hint = f"{exc.hint}; {kept}" if exc.hint else kept
+
+    def _set_aside(self, staging: Path) -> Path:
+        """A staging directory (this run's, or a dead run's) under an old-package name, before it is
+        removed: a --ray task still starting then finds no staging at its path and writes nothing
+        (StagedOutput `inside`), where it could otherwise create files in it as they were being
+        removed, and leave them there."""
+        aside = staging.parent / f".{self.out.name}{OLD_TAG}{secrets.token_hex(8)}"
+        try:
+            staging.rename(aside)
+        except OSError:  # then removed under its own name
+            return staging
+        return aside
 
     def _remove_created(self, parent: Path | None) -> None:
         """rmdir the directories the run made, innermost first, each where it is now: below `parent`

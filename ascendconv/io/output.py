@@ -218,13 +218,16 @@ def output_error(
     return OutputWriteError(f"{where}: {exc.strerror or exc}; the package was not written")
 
 
+LEAVE_IN_PLACE = "leave OUT's directory in place until convert ends, then run it again"
+
+
 def directory_gone(where: str | os.PathLike, exc: OSError) -> OutputWriteError:
     """The error of a write to `where` that failed (ENOENT) because the directory it went to, the
     staging or OUT's directory, was removed or renamed during the run."""
     return OutputWriteError(
         f"{where}: {exc.strerror}: the directory it was written in was removed or renamed during the run; "
         "the package was not written",
-        "leave OUT's directory in place until convert ends, then run it again",
+        LEAVE_IN_PLACE,
     )
 
 
