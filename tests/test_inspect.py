@@ -815,6 +815,31 @@ def test_provenance_fields_of_the_wrong_type_are_named_never_shown_as_none(conve
     assert "- ascendconv_provenance.json: tool is a number (3), expected a string" in result.stdout
 
 
+def test_description_fields_missing_are_named_never_shown_as_none(converted, tmp_path):
+    """inspect printed 'W8A8_MXFP8 (version None, group_size None)' with no disagreement, where
+    verify failed the description: both now name the fields by one rule (Package.field_problems)."""
+    root = tmp_path / "pkg"
+    shutil.copytree(package_of(converted, DENSE, "w8a8-mxfp8"), root)
+    path = root / "quant_model_description.json"
+    description = json.loads(path.read_text())
+    del description["version"], description["group_size"], description["model_quant_type"]
+    path.write_text(json.dumps(description))
+
+    result = invoke(root)
+    assert result.exit_code == 0, result.output
+    assert "None" not in result.stdout
+    assert "(unknown) (version (unknown), group_size (unknown))" in result.stdout
+    wanted = [
+        "version is missing, expected '1.0.0'",
+        "group_size is missing, expected the integer 32 (0 breaks the loader, a float its shapes)",
+    ]
+    problems = inspect_path(root).problems
+    assert [p for p in problems if p.startswith(("version", "group_size"))] == wanted
+    check = verify(root, VerifyOptions(checksums=False)).check("description")
+    assert check.problems[:2] == [f"quant_model_description.json: {problem}" for problem in wanted]
+    assert "None" not in " ".join([check.detail, *check.problems])
+
+
 NO_REGULAR_FILE = {"dangling link": "a symbolic link to nothing", "FIFO": "a FIFO", "directory": "a directory"}
 
 

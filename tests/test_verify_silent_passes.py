@@ -117,7 +117,7 @@ def test_a_float_group_size_fails(package):
     assert "group_size is 32.0, expected the integer 32" in failed(verify(pkg))["description"]
     from ascendconv.inspect import inspect_path
 
-    assert "group_size is 32.0, expected 32" in inspect_path(pkg).problems
+    assert "group_size is 32.0, expected the integer 32 (0 breaks the loader, a float its shapes)" in inspect_path(pkg).problems
 
 
 def test_a_stray_hf_index_fails(package):

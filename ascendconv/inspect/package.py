@@ -8,11 +8,10 @@ from pathlib import Path
 from ascendconv.ascendv1 import INDEX_NAME as PACKAGE_INDEX_NAME
 from ascendconv.ascendv1 import PROVENANCE_NAME, RANK
 from ascendconv.errors import shown
-from ascendconv.formats.constants import GROUP_SIZE
 from ascendconv.inspect.report import KIND_PACKAGE, InspectReport, ShardInfo
 from ascendconv.inspect.summary import _groups, _model_summary, _module_weights, _rows, _structure, _tally
 from ascendconv.io.files import file_size
-from ascendconv.io.package import Package
+from ascendconv.io.package import Package, field_shown
 from ascendconv.sources.base import WEIGHT_SUFFIX
 from ascendconv.sources.checkpoint import find_quantization_config
 from ascendconv.models import rules_for
@@ -31,14 +30,14 @@ def inspect_package(root: Path, glob: str | None) -> InspectReport:
     highest = max((t for t in present if t in RANK), key=RANK.__getitem__, default=None)
     declared = package.fields.get("model_quant_type")
     if highest is not None and declared != highest:
-        problems.append(f"model_quant_type is {shown(declared)} but the highest type described is {shown(highest)}")
+        problems.append(
+            f"model_quant_type is {field_shown(package.fields, 'model_quant_type')} but the highest type described is {shown(highest)}"
+        )
     problems += package.unknown_types()
     if package.provenance is not None:  # a field of the wrong type is shown as unknown: say what the file holds
         problems += [f"{PROVENANCE_NAME}: {problem}" for problem in package.record.field_problems()]
     problems += package.scheme_problems()
-    group_size = package.fields.get("group_size", GROUP_SIZE)
-    if type(group_size) is not int or group_size != GROUP_SIZE:  # 32.0 == 32, but breaks vllm-ascend's shapes
-        problems.append(f"group_size is {shown(package.fields.get('group_size'))}, expected {GROUP_SIZE}")
+    problems += package.field_problems()
     tensor_bytes = sum(e.nbytes for e in package.tensors.values())
     if package.index is not None:
         metadata = package.index.get("metadata")

@@ -19,11 +19,12 @@ from ascendconv.errors import (
     PartDirectoryError, plural, shown,
 )
 from ascendconv.io.files import file_size, identity, irregular_kind, read_json_object
-from ascendconv.formats.constants import FLOAT
+from ascendconv.formats.constants import FLOAT, GROUP_SIZE
 from ascendconv.io.safetensors import SafetensorsHeader, TensorEntry, read_header
 from ascendconv.sources.base import NATIVE_TYPES
 from ascendconv.ascendv1 import (
     DESCRIPTION_NAME,
+    DESCRIPTION_VERSION,
     INDEX_NAME,
     PART_MANIFEST_NAME,
     PROVENANCE_NAME,
@@ -214,6 +215,23 @@ class Package:
             for label, names in strays.items()
         ]
 
+    def field_problems(self) -> list[str]:
+        """Where the description's own fields (version, group_size, metadata, optional) are not
+        what vllm-ascend's loader reads: each named with what the file holds."""
+        fields, problems = self.fields, []
+        if fields.get("version") != DESCRIPTION_VERSION:
+            problems.append(f"version is {field_shown(fields, 'version')}, expected {DESCRIPTION_VERSION!r}")
+        group_size = fields.get("group_size")
+        if type(group_size) is not int or group_size != GROUP_SIZE:  # 32.0 == 32, but breaks vllm-ascend's shapes
+            problems.append(
+                f"group_size is {field_shown(fields, 'group_size')}, expected the integer {GROUP_SIZE} "
+                "(0 breaks the loader, a float its shapes)"
+            )
+        for key in ("metadata", "optional"):
+            if not isinstance(fields.get(key, {}), dict):
+                problems.append(f"{key} is {shown(fields[key])}, expected an object")
+        return problems
+
     def disagreements(self) -> list[str]:
         """Where description, index and shard headers do not name the same tensors."""
         problems = [f"{f} is {kind}, not a regular file: read as absent" for f, kind in self.irregular.items()]
@@ -238,6 +256,11 @@ class Package:
                     problems.append(f"index maps {shown(name)} to {shown(file)} but no shard holds it")
             problems += [f"{shown(n)} is in {self.tensors[n].path.name} but not in the index" for n in sorted(stored - set(weight_map))]
         return problems
+
+
+def field_shown(fields: dict, key: str) -> str:
+    """A JSON object's field as a message shows it, 'missing' where it is not there."""
+    return shown(fields[key]) if key in fields else "missing"
 
 
 def refuse_part_directory(directory: Path, wanted: str) -> None:

@@ -18,7 +18,8 @@ from ascendconv.ascendv1 import (
     quant_type_named,
 )
 from ascendconv.errors import json_kind, plural, shown
-from ascendconv.formats.constants import FLOAT, GROUP_SIZE
+from ascendconv.formats.constants import FLOAT
+from ascendconv.io.package import field_shown
 from ascendconv.io.rules import BLOCK_FP8_SCALE_SUFFIX, moe_coverage_problems
 from ascendconv.decide import (
     Deployment,
@@ -121,19 +122,7 @@ def check_config(lay: _Layout) -> Check:
 
 
 def check_description(lay: _Layout) -> Check:
-    fields = lay.pkg.fields
-    problems = []
-    if fields.get("version") != "1.0.0":
-        problems.append(f"{DESCRIPTION_NAME}: version is {shown(fields.get('version'))}, expected '1.0.0'")
-    group_size = fields.get("group_size")
-    if type(group_size) is not int or group_size != GROUP_SIZE:  # 32.0 == 32, but breaks vllm-ascend's shapes
-        problems.append(
-            f"{DESCRIPTION_NAME}: group_size is {shown(group_size)}, expected the integer {GROUP_SIZE} "
-            "(0 breaks the loader, a float its shapes)"
-        )
-    for key in ("metadata", "optional"):
-        if not isinstance(fields.get(key, {}), dict):
-            problems.append(f"{DESCRIPTION_NAME}: {key} is {shown(fields[key])}, expected an object")
+    problems = [f"{DESCRIPTION_NAME}: {problem}" for problem in lay.pkg.field_problems()]
     problems += lay.pkg.unknown_types()
     labels = []
     for name, label in sorted(lay.description.items()):
@@ -154,12 +143,14 @@ def check_description(lay: _Layout) -> Check:
                 f"{package!r} in its place, so it finds none of them (convert writes {package!r})"
             )
     expected = max(labels, key=RANK.__getitem__) if labels else FLOAT
-    found = fields.get("model_quant_type")
+    found = lay.pkg.fields.get("model_quant_type")
     if found != expected:
         problems.append(
-            f"{DESCRIPTION_NAME}: model_quant_type is {shown(found)} but the highest type present is {shown(expected)}"
+            f"{DESCRIPTION_NAME}: model_quant_type is {field_shown(lay.pkg.fields, 'model_quant_type')} but the highest type "
+            f"present is {shown(expected)}"
         )
-    return make_check("description", problems, f"{plural(len(lay.description), 'entry', 'entries')}, model_quant_type {found}")
+    said = found if isinstance(found, str) else field_shown(lay.pkg.fields, "model_quant_type")
+    return make_check("description", problems, f"{plural(len(lay.description), 'entry', 'entries')}, model_quant_type {said}")
 
 
 def check_headers(lay: _Layout) -> Check:

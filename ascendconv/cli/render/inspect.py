@@ -22,7 +22,7 @@ from ascendconv.cli.render.tables import (
 from ascendconv.errors import plural
 
 
-UNKNOWN = "(unknown)"  # a provenance field the package's file holds no value of the right type for
+UNKNOWN = "(unknown)"  # a description or provenance field the package's file holds no value of the right type for
 
 
 def render_inspect(report, console: Console) -> None:
@@ -77,10 +77,12 @@ def _render_inspect_summary(report, console: Console) -> None:
         facts.append(("unquantized", f"{len(skipped)}: {listed}" if skipped else "none listed"))
     package = report.package
     if package is not None:
+        # null: the description holds no such field, which the disagreements name
+        fields = {key: UNKNOWN if package[key] is None else package[key] for key in ("model_quant_type", "version", "group_size")}
         facts.append(
             (
                 "model_quant_type",
-                f"{package['model_quant_type']} (version {package['version']}, group_size {package['group_size']})",
+                f"{fields['model_quant_type']} (version {fields['version']}, group_size {fields['group_size']})",
             )
         )
         prov = package["provenance"]
