@@ -231,3 +231,20 @@ def test_a_ctrl_c_outside_the_library_call_is_an_interrupt_not_a_failure(monkeyp
         "hint": None, "exit_code": 130,
     }
     assert result.stderr == "interrupted\n"  # no trailing space where no signal is named
+
+
+def test_a_ctrl_c_while_the_line_is_parsed_is_an_interrupt(monkeypatch):
+    """typer's handling around the parse of the line up to the command's name exited 130 without a
+    word or an envelope."""
+    from typer.core import TyperGroup
+
+    def interrupted(self, ctx, args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(TyperGroup, "parse_args", interrupted)
+    result = runner.invoke(app, ["inspect", "fixtures/qwen3-dense-fp8", "--json"])
+    assert (result.exit_code, result.stderr) == (130, "interrupted\n")
+    assert json.loads(result.stdout) == {
+        "ok": False, "schema": 1, "command": "inspect", "error": "Interrupted", "message": "interrupted",
+        "hint": None, "exit_code": 130,
+    }

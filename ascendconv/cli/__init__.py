@@ -62,6 +62,14 @@ class CommandLine(TyperGroup):
                 raise
             raise typer.Exit(report_interrupt(interrupt, self.json_flag_given(self.argv), ctx.invoked_subcommand))
 
+    def make_context(self, info_name, args, parent=None, **extra):
+        """The line parsed as far as the command's name; a Ctrl-C in that is said as one in the
+        command is (typer's handling, around it, exits 130 without a word or an envelope)."""
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except KeyboardInterrupt as exc:
+            raise typer.Exit(report_interrupt(exc, self.json_flag_given(self.argv), self.command_named(self.argv)))
+
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         argv = self.argv = list(sys.argv[1:] if args is None else args)
         if not standalone_mode:
@@ -81,7 +89,7 @@ class CommandLine(TyperGroup):
         except typer.TyperException as exc:  # Click's usage errors, raised by the option parser
             hint = usage_hint(exc)
             if self.json_flag_given(argv):
-                command = next((a for a in argv if a in self.commands), None)
+                command = self.command_named(argv)
                 report(command, type(exc).__name__, exc.format_message(), hint, exc.exit_code, as_json=True)
             else:
                 try:
@@ -96,11 +104,15 @@ class CommandLine(TyperGroup):
         except MemoryError as exc:
             # the one net for every command and every step of it (a lazy import, the library, the
             # rendering): the pipeline names the tensor it was converting, this the command
-            command = next((a for a in argv if a in self.commands), None)
+            command = self.command_named(argv)
             named = out_of_memory(exc, f"to {command or 'start'}")
             report_error(named, self.json_flag_given(argv), command)
             sys.exit(named.exit_code)
         sys.exit(code if isinstance(code, int) else 0)
+
+    def command_named(self, argv: list[str]) -> str | None:
+        """The command `argv` names, for an error's envelope where Click has not resolved one."""
+        return next((a for a in argv if a in self.commands), None)
 
     def json_flag_given(self, argv: list[str]) -> bool:
         """Whether `argv` gives --json as Click parses the line: the flag of the command named, not the
