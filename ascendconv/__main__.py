@@ -1,5 +1,5 @@
-"""`python -m ascendconv`: the same command line as the `ascendconv` script."""
+"""`python -m ascendconv`: the same command line as the `ascendconv` script, from the same entry."""
 
-from ascendconv.cli import app
+from ascendconv.entry import main
 
-app(prog_name="ascendconv")
+main()

@@ -16,7 +16,7 @@ FLOORS = {
     **dict.fromkeys(("io", "kernels", "npu", "sources"), 2),
     **dict.fromkeys(("decide", "plan", "options", "parts", "resume"), 3),
     **dict.fromkeys(("convert", "pipeline", "package_files", "assemble", "cluster", "inspect", "verify"), 4),
-    **dict.fromkeys(("cli", "__main__"), 5),
+    **dict.fromkeys(("cli", "__main__", "entry"), 5),
 }
 
 

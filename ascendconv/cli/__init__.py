@@ -23,6 +23,7 @@ from typer.core import TyperGroup, TyperOption
 from ascendconv import __version__
 from ascendconv.cli.console import discard, err, escape_unencodable, leave_broken_pipe, lose_stderr, out, terminal_safe
 from ascendconv.cli.envelope import dump_envelope, error_envelope, usage_hint
+from ascendconv.entry import interrupt_behind
 from ascendconv.errors import (
     EXIT_INTERRUPTED,
     AscendconvError,
@@ -231,14 +232,6 @@ def report_interrupt(exc: KeyboardInterrupt, as_json: bool, command: str | None)
         dump_envelope(error_envelope(command, "Interrupted", f"interrupted {what}".strip(), outcome, code))
     exit_quietly_if_interrupted_again()
     return code
-
-
-def interrupt_behind(exc: BaseException) -> KeyboardInterrupt | None:
-    """The Ctrl-C behind an exception: itself, or the one a module interrupted while it was imported
-    (numpy's, lazily, in a command) raised its ImportError from."""
-    while exc is not None and not isinstance(exc, KeyboardInterrupt):
-        exc = exc.__cause__ or exc.__context__
-    return exc
 
 
 def exit_quietly_if_interrupted_again() -> None:

@@ -1,5 +1,6 @@
-"""`python -m ascendconv.cli`: the same command line as the `ascendconv` script."""
+"""`python -m ascendconv.cli`: the same command line as the `ascendconv` script (Python imports this
+package, the command line, before the entry can listen for a Ctrl-C: `python -m ascendconv` does not)."""
 
-from ascendconv.cli import app
+from ascendconv.entry import main
 
-app(prog_name="ascendconv")
+main()
