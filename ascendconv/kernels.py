@@ -55,13 +55,22 @@ import time
 
 import ml_dtypes
 import numpy as np
-from llvmlite import ir
-from numba import njit, types
-from numba.core import cgutils
-from numba.extending import intrinsic
 
 from ascendconv.formats import requantize as _reference
 from ascendconv.formats.constants import E2M1, E2M1_GRID, E4M3, GROUP_SIZE, SCALE_RULES
+from ascendconv.io.libraries import address_space_too_small
+
+try:  # LLVM (llvmlite's 150 MiB library) and the extension modules numba loads
+    from llvmlite import ir
+    from numba import njit, types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+except (ImportError, OSError) as exc:
+    # under `ulimit -v` dlopen fails with words that blame the file (FileSystemError, or a traceback)
+    too_small = address_space_too_small(exc, "the compiled kernels")
+    if too_small is None:
+        raise
+    raise too_small from exc
 
 # --- entry points, compiled on first use -----------------------------------------------------
 

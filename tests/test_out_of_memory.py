@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from ascendconv import pipeline
 from ascendconv.cli import app
+from ascendconv.errors import OutOfMemoryError
 from conftest import FIXTURES, write_large_checkpoint
 
 runner = CliRunner()
@@ -88,3 +89,110 @@ def test_a_real_process_under_an_address_space_limit_fails_named(tmp_path):
         codes.append(done.returncode)
     assert 4 in codes, "no limit made the conversion run out of memory: the test measured nothing"
 
+
+
+# --- the compiled kernels' libraries under `ulimit -v` -----------------------------------------
+
+KERNELS_LIMITED = """
+import resource, sys
+# all but numba before the limit: what is limited is the kernels' load (llvmlite maps 150 MiB)
+import numpy, ascendconv.convert, ascendconv.pipeline, ascendconv.cli.render.convert
+from ascendconv.cli import app
+size = int(next(l.split()[1] for l in open("/proc/self/status") if l.startswith("VmSize:"))) * 1024
+limit = size + int(sys.argv[1]) * 2**20
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+print("LIMIT", limit, file=sys.stderr)
+app(sys.argv[2:])
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS and /proc/self/status are Linux's")
+def test_an_address_space_too_small_for_the_kernels_is_out_of_memory_not_a_file_error(tmp_path):
+    """dlopen of llvmlite's library (or of an extension numba imports) failing under `ulimit -v`:
+    FileSystemError 'a file: Could not find/load shared object file ...' with the hint to check the
+    disk, or, inside numba's import, a traceback and exit 1."""
+    env = {**os.environ, "MALLOC_ARENA_MAX": "1", "COLUMNS": "200"}
+    seen = []
+    for headroom_mb in (128, 96, 160, 64, 192):  # what the run maps before the kernels varies by machine
+        out = tmp_path / f"out-{headroom_mb}"
+        done = subprocess.run([sys.executable, "-c", KERNELS_LIMITED, str(headroom_mb), "convert", str(DENSE), str(out),
+                               "--json"], capture_output=True, text=True, timeout=300, env=env)
+        error = json.loads(done.stdout) if done.stdout.startswith("{") else {}
+        seen.append((headroom_mb, done.returncode, error.get("error"), error.get("message", done.stderr[-300:])))
+        if "too small for the compiled kernels" not in error.get("message", ""):
+            continue
+        limit = int(next(line.split()[1] for line in done.stderr.splitlines() if line.startswith("LIMIT ")))
+        assert (done.returncode, error["error"], error["exit_code"]) == (4, "OutOfMemoryError", 4)
+        assert error["message"].startswith(
+            f"this process's address-space limit (ulimit -v {limit // 1024}: {limit / 2**20:.1f} MiB) is too small "
+            "for the compiled kernels: ")
+        assert ".so did not load, and the " in error["message"] and "MiB it maps do not fit in what is left" in error["message"]
+        assert error["hint"] == "raise the limit (ulimit -v unlimited, or higher) and run the command again"
+        assert "error: this process's address-space limit" in done.stderr and "FileSystemError" not in done.stderr
+        assert [p.name for p in tmp_path.iterdir() if out.name in p.name] == []  # no OUT, no staging beside it
+        return
+    pytest.fail(f"no limit stopped the run at the kernels' load: {seen}")
+
+
+def elf_with_loads(path, *loads: tuple[int, int]) -> None:
+    """A 64-bit little-endian ELF header and program headers alone: PT_LOAD (vaddr, memsz) each."""
+    import struct
+
+    header = b"\x7fELF\x02\x01\x01" + bytes(9) + struct.pack("<HHIQQQIHHHHHH", 3, 62, 1, 0, 64, 0, 0, 64, 56, len(loads), 0, 0, 0)
+    table = b"".join(struct.pack("<IIQQQQQQ", 1, 5, 0, vaddr, vaddr, 0, memsz, 4096) for vaddr, memsz in loads)
+    path.write_bytes(header + table)
+
+
+@pytest.fixture
+def address_space_left():
+    """Lower this process's soft RLIMIT_AS to what it has mapped plus N MiB, for the test's body."""
+    import resource
+
+    kept = resource.getrlimit(resource.RLIMIT_AS)
+
+    def limit(mib: int) -> int:
+        size = int(next(l.split()[1] for l in open("/proc/self/status") if l.startswith("VmSize:"))) * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (size + mib * 2**20, kept[1]))
+        return size + mib * 2**20
+
+    yield limit
+    resource.setrlimit(resource.RLIMIT_AS, kept)
+
+
+def dlopen_failure(path) -> OSError:
+    """llvmlite's OSError, raised while ctypes' dlopen's one (naming the library) was handled."""
+    try:
+        try:
+            raise OSError(f"{path}: failed to map segment from shared object")
+        except OSError:
+            raise OSError("Could not find/load shared object file 'libllvmlite.so' from resource location: 'llvmlite.binding'.")
+    except OSError as exc:
+        return exc
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS and /proc/self/status are Linux's")
+def test_only_a_library_the_address_space_cannot_hold_is_blamed_on_the_limit(tmp_path, address_space_left):
+    """The same dlopen words come from a noexec mount, a missing file, a library that fits: those
+    stay the errors they were (FileSystemError, the ImportError), never 'ulimit -v'."""
+    from ascendconv.io.libraries import address_space_too_small, loaded_span
+
+    library = tmp_path / "libbig.so"
+    elf_with_loads(library, (0, 4096), (256 * 2**20, 4096))  # a 4 KiB file spanning 256 MiB
+    assert loaded_span(str(library)) == 256 * 2**20 + 4096
+    assert address_space_too_small(dlopen_failure(library), "the compiled kernels") is None  # no limit in effect
+
+    limit = address_space_left(64)
+    named = address_space_too_small(dlopen_failure(library), "the compiled kernels")
+    as_import = address_space_too_small(ImportError("failed to map segment", path=str(library)), "the compiled kernels")
+    missing = address_space_too_small(dlopen_failure(tmp_path / "gone.so"), "the compiled kernels")
+    (tmp_path / "script.so").write_text("not ELF")
+    not_elf = address_space_too_small(dlopen_failure(tmp_path / "script.so"), "the compiled kernels")
+    address_space_left(1024)
+    fits = address_space_too_small(dlopen_failure(library), "the compiled kernels")
+
+    assert isinstance(named, OutOfMemoryError) and named.exit_code == 4
+    assert named.message == (
+        f"this process's address-space limit (ulimit -v {limit // 1024}: {limit / 2**20:.1f} MiB) is too small for the "
+        f"compiled kernels: {library} did not load, and the 256.0 MiB it maps do not fit in what is left")
+    assert as_import is not None and as_import.message == named.message
+    assert (missing, not_elf, fits) == (None, None, None)
