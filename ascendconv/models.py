@@ -438,8 +438,8 @@ def _layers_past_count(
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The layers under the family's roots from num_hidden_layers on (any, if the config lacks it):
     those holding one of its mtp_markers past the num_nextn_predict_layers counted ones (undeclared
-    MTP layers), and those holding none (decoder layers the config does not count), found while
-    layer numbers follow on from num_hidden_layers."""
+    MTP layers), and those holding none past the counted MTP layers or below a marked one (decoder
+    layers the config does not count), found while layer numbers follow on from num_hidden_layers."""
     names = names if isinstance(names, (list, tuple, dict)) else list(names)
     # most checkpoints have no name past their layers, nor one holding ".<marker>.": told at C speed
     # from their joined names (a third of matching each of Qwen3.5-397B's 189,042)
@@ -456,8 +456,11 @@ def _layers_past_count(
         return undeclared, ()
     uncounted = []
     number = first
+    last_marked = max(marked, default=-1)
     while any(f"\n{root}layers.{number}." in joined for root in family.roots):
-        if number not in marked:
+        # one numbered as MTP is a decoder layer only where an MTP layer follows it: without one it
+        # may be an MTP layer stored without its markers
+        if number not in marked and (number >= start or number < last_marked):
             uncounted.append(number)
         number += 1
     return undeclared, tuple(uncounted)

@@ -523,6 +523,8 @@ def test_a_decoder_layer_numbered_as_mtp_is_warned_with_the_num_hidden_layers_fi
     assert plan.decisions["model.layers.1.mlp.experts.0.up_proj"].reason == MTP_REASON
     fixed = rules_for({**GLM, "num_hidden_layers": 2}, spec)
     assert (fixed.uncounted_layers, fixed.undeclared_mtp_layers, fixed.layer_count_warning) == ((), (), None)
+    # an MTP layer stored without its markers, no MTP layer after it: nothing says it is a decoder layer
+    assert rules_for(DEEPSEEK, deepseek_with_mtp()).layer_count_warning is None
 
 
 def test_decoder_layers_past_the_count_are_warned_and_counted_in_the_fix():
