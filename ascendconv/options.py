@@ -175,7 +175,8 @@ class VerifyOptions:
         if self.sample < 1.0 and self.exact == "full":
             raise BadOptionError("--sample and --exact-full contradict each other", "--exact-full checks every row")
         if self.source is None and (self.exact != "off" or self.moe_check or self.sample < 1.0):
-            flag = "--moe-check" if self.moe_check else ("--exact" if self.exact != "off" else f"--sample {self.sample:g}")
+            exact_flag = {"sample": "--exact", "full": "--exact-full"}.get(self.exact)
+            flag = "--moe-check" if self.moe_check else (exact_flag or f"--sample {self.sample:g}")
             raise BadOptionError(f"{flag} needs --source SRC", "pass the checkpoint the package came from")
         if self.moe_layers < 0 or not 1 <= self.moe_tokens <= MAX_MOE_TOKENS:
             raise BadOptionError(f"--moe-layers must be >= 0 and --moe-tokens from 1 to {MAX_MOE_TOKENS}")

@@ -30,3 +30,10 @@ def test_sample_without_source_is_a_usage_error_not_ignored(converted):
     code, data = verify_json(converted(DENSE), "--sample", "0.5")
     assert (code, data["error"]) == (2, "BadOptionError")
     assert data["message"] == "--sample 0.5 needs --source SRC"
+
+
+@pytest.mark.parametrize("flag", ["--exact", "--exact-full"])
+def test_exact_without_source_names_the_flag_given(converted, flag):
+    code, data = verify_json(converted(DENSE), flag)
+    assert (code, data["error"]) == (2, "BadOptionError")
+    assert (data["message"], data["hint"]) == (f"{flag} needs --source SRC", "pass the checkpoint the package came from")
