@@ -19,6 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from ascendconv.ascendv1 import package_date, provenance_document
 from ascendconv.package_files import dump_json, shard_sizes
@@ -143,10 +144,13 @@ def check_parts(parts: list[Part]) -> None:
             raise PartError(f"{part.label}: holds shards {sorted(part.manifest['shards'])}, the plan gives it {expected}")
 
 
-def check_files(parts: list[Part], workers: int, progress: Progress | None) -> dict[Path, tuple[int, int]]:
+def check_files(
+    parts: list[Part], workers: int, progress: Progress | None, on_shard: Callable[[int, int], None] | None = None
+) -> dict[Path, tuple[int, int]]:
     """Every shard and small file of every part still has the checksum its manifest records; a shard
     must be a regular file itself (a symlink would be linked into the package as a symlink). Returns
-    the (device, inode) of each shard hashed, which the link made of it must be."""
+    the (device, inode) of each shard hashed, which the link made of it must be. `on_shard(checked,
+    count)` is told as each shard is checked (a CI heartbeat)."""
     jobs = [(part, name, digest) for part in parts for name, digest in part.manifest["shards"].items()]
     total = sum(file_size(p.directory / n) for p, n, _ in jobs)
     done = 0
@@ -162,7 +166,7 @@ def check_files(parts: list[Part], workers: int, progress: Progress | None) -> d
             raise PartError(f"{exc.message} in {job[0].label}", "a part's shards are the regular files convert wrote") from None
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        for (part, name, want), (got, status) in zip(jobs, pool.map(digest_of, jobs)):
+        for checked, ((part, name, want), (got, status)) in enumerate(zip(jobs, pool.map(digest_of, jobs)), 1):
             if got != want:
                 state = (
                     f"is not in {part.directory}, though {part.label}'s manifest lists it"
@@ -174,6 +178,8 @@ def check_files(parts: list[Part], workers: int, progress: Progress | None) -> d
             done += status.st_size
             if progress:
                 progress(done, total)
+            if on_shard:
+                on_shard(checked, len(jobs))
     for part in parts:
         for name, want in part.manifest["files"].items():
             path = part.directory / name
@@ -259,12 +265,17 @@ class CheckedParts:
     identities: dict[Path, tuple[int, int]]  # each shard's (device, inode) as checked
 
 
-def checked_parts(directories: list[Path], workers: int = 0, progress: Progress | None = None) -> CheckedParts:
+def checked_parts(
+    directories: list[Path],
+    workers: int = 0,
+    progress: Progress | None = None,
+    on_shard: Callable[[int, int], None] | None = None,
+) -> CheckedParts:
     if not directories:
         raise MissingPartError("no part directory given")
     parts = [read_part(Path(d)) for d in directories]
     check_parts(parts)
-    identities = check_files(parts, workers or os.cpu_count() or 1, progress)
+    identities = check_files(parts, workers or os.cpu_count() or 1, progress, on_shard)
     return CheckedParts(sorted(parts, key=lambda p: p.manifest["part"]), identities)
 
 
@@ -297,6 +308,7 @@ def assemble(
     overwrite: bool = False,
     workers: int = 0,
     progress: Progress | None = None,
+    on_shard: Callable[[int, int], None] | None = None,
 ) -> AssembleResult:
     started = time.perf_counter()
     out = Path(out)
@@ -305,7 +317,7 @@ def assemble(
         # before every part's shards are hashed: a busy OUT is refused at once, as convert's is
         check_output_path(out)
         OutputLock(out).probe()
-        checked = checked_parts([Path(d) for d in directories], workers, progress)
+        checked = checked_parts([Path(d) for d in directories], workers, progress, on_shard)
         parts = checked.parts
 
         def check() -> None:

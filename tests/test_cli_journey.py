@@ -91,6 +91,18 @@ def test_a_ci_log_gets_heartbeat_lines_from_convert_and_verify(tmp_path):
     assert quiet.returncode == 0 and quiet.stderr == ""
 
 
+def test_a_ci_log_gets_a_heartbeat_line_per_shard_from_assemble(tmp_path):
+    parts = [tmp_path / f"p{i}" for i in (1, 2)]
+    for i, part in enumerate(parts, 1):
+        assert cli("convert", MOE, part, "--part", f"{i}/2", "--max-shard-size", "100KB", "--quiet").exit_code == 0
+    done = module_cli("assemble", tmp_path / "out", *parts)
+    assert done.returncode == 0, done.stderr
+    count = len(list((tmp_path / "out").glob("quant_model_weights-*.safetensors")))
+    beats = [re.match(r"checking parts: shard (\d+)/(\d+), ", line) for line in done.stderr.splitlines()]
+    assert [b.groups() for b in beats] == [(str(i), str(count)) for i in range(1, count + 1)]
+    assert done.stderr.splitlines()[-1].endswith("(100%)")
+
+
 # --- the JSON envelope -------------------------------------------------------------------------
 
 

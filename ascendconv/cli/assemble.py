@@ -26,9 +26,9 @@ def assemble_command(
     from ascendconv.cli.render.convert import render_assemble
 
     def action():
-        bar, progress, _ = byte_progress(quiet, "checking parts")
+        bar, progress, on_shard = byte_progress(quiet, "checking parts")
         if bar is None:
-            return assemble(out_dir, part_dirs, overwrite, progress=progress)
+            return assemble(out_dir, part_dirs, overwrite, progress=progress, on_shard=on_shard)
         with bar:
             return assemble(out_dir, part_dirs, overwrite, progress=progress)
 
