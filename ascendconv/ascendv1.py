@@ -291,7 +291,7 @@ class ProvenanceRecord:
     source_nonfinite: dict[str, int]  # FLOAT tensor carried from the source -> its NaN / Inf values
     checksum: str  # the algorithm of the shard digests
     hub: HubRecord | None  # the Hugging Face repo the source is a cached snapshot of, if it is one
-    deployment: dict  # {"tp", "ep", "shared_experts_as_routed"} the plan was made for
+    deployment: dict  # {"tp", "ep", "shared_experts_as_routed", "mtp_heads"} the plan was made for
     overrides: tuple[str, ...]  # every --override as given, GLOB=TYPE
     command: str  # the convert command that makes this package again (run-only options left out)
     # tensors the package adds (FLOAT copies the MTP drafter needs): name -> {"source", "reason"}
@@ -352,8 +352,10 @@ def package_date(environ=None) -> str:
 
 
 # The recorded deployment's fields (ProvenanceRecord.deployment), what each must hold, and how
-# Provenance.deployment_value finds one.
+# Provenance.deployment_value finds one. mtp_heads (--no-mtp-heads) is recorded since the drafter
+# heads were added: a package of before lacks it, and a deployment without it is still read.
 DEPLOYMENT_FIELDS = {"tp": "a positive integer", "ep": "true or false", "shared_experts_as_routed": "true or false"}
+OPTIONAL_DEPLOYMENT_FIELDS = {"mtp_heads": "true or false"}
 RECORDED, ABSENT, UNREADABLE = "recorded", "absent", "unreadable"
 
 
@@ -503,19 +505,24 @@ class Provenance:
 
     @property
     def deployment(self) -> dict | None:
-        """{"tp": int >= 1, "ep": bool, "shared_experts_as_routed": bool} as recorded, or None
-        (a package of an older version, or a field of the wrong types)."""
+        """{"tp": int >= 1, "ep": bool, "shared_experts_as_routed": bool} as recorded, with
+        "mtp_heads": bool where recorded, or None (a package of an older version, or a field of the
+        wrong types)."""
         fields = {key: self.deployment_value(key) for key in DEPLOYMENT_FIELDS}
         if any(state != RECORDED for state, _ in fields.values()):
             return None
-        return {key: value for key, (_, value) in fields.items()}
+        optional = {key: self.deployment_value(key) for key in OPTIONAL_DEPLOYMENT_FIELDS}
+        return {key: value for key, (state, value) in {**fields, **optional}.items() if state == RECORDED}
 
     def deployment_value(self, key: str) -> tuple[str, object]:
         """One field of the recorded deployment: (RECORDED, value); (ABSENT, None) in a package
-        written before deployments were recorded; (UNREADABLE, what the file holds) otherwise."""
+        written before deployments (or that optional field) were recorded; (UNREADABLE, what the
+        file holds) otherwise."""
         if "deployment" not in self.raw:
             return ABSENT, None
         d = self.raw["deployment"]
+        if key in OPTIONAL_DEPLOYMENT_FIELDS and isinstance(d, dict) and key not in d:
+            return ABSENT, None
         value = d.get(key) if isinstance(d, dict) else d
         valid = type(value) is int and value >= 1 if key == "tp" else isinstance(value, bool)  # True is no tp
         if valid:
@@ -529,7 +536,7 @@ class Provenance:
             return [f"deployment is {json_kind(deployment)}, expected an object"]
         return [
             f"deployment.{key} is {json_kind(value) if key in deployment else 'missing'}, expected {what}"
-            for key, what in DEPLOYMENT_FIELDS.items()
+            for key, what in {**DEPLOYMENT_FIELDS, **OPTIONAL_DEPLOYMENT_FIELDS}.items()
             for state, value in [self.deployment_value(key)]
             if state == UNREADABLE
         ]

@@ -182,6 +182,7 @@ def provenance_record(source: Source, plan: Plan, kernel: str, options: ConvertO
             "tp": plan.deployment.tp,
             "ep": plan.deployment.ep,
             "shared_experts_as_routed": plan.deployment.shared_experts_as_routed,
+            "mtp_heads": plan.deployment.mtp_heads,
         },
         overrides=tuple(f"{o.glob}={o.quant_type}" for o in options.overrides),
         command=convert_command(f"{repo[0]}@{repo[1]}" if repo else name, options),

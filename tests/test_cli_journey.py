@@ -241,7 +241,7 @@ def test_the_package_card_and_provenance_say_what_it_is(tmp_path):
     assert result.exit_code == 0, result.output
     provenance = Provenance(json.loads((out / "ascendconv_provenance.json").read_text()))
     assert provenance.hub == {"repo_id": "Qwen/Qwen3-Tiny-FP8", "revision": commit}
-    assert provenance.deployment == {"tp": 2, "ep": True, "shared_experts_as_routed": False}
+    assert provenance.deployment == {"tp": 2, "ep": True, "shared_experts_as_routed": False, "mtp_heads": True}
     assert provenance.overrides == ["model.layers.1.mlp.experts.0.*=W8A8_MXFP8"]
     assert provenance.command == (
         f"ascendconv convert Qwen/Qwen3-Tiny-FP8@{commit} OUT --scheme w4a8-mxfp-moe --scale-rule mse --resolve-dtype bf16 "

@@ -543,6 +543,24 @@ def test_a_glm5_package_carries_the_drafter_head_and_verify_accepts_it(fixture_c
     assert verify(off, VerifyOptions(source=src)).ok
 
 
+def test_the_provenance_records_no_mtp_heads_and_inspect_and_verify_say_it(fixture_copy, tmp_path):
+    """The switch was only in the recorded command: inspect OUT showed 'planned for --tp 1' for a
+    package without the drafter's head."""
+    src = _as_glm5(fixture_copy)
+    out = tmp_path / "off"
+    runner = CliRunner()
+    result = runner.invoke(app, ["convert", str(src), str(out), "--no-mtp-heads", "--quiet"])
+    assert result.exit_code == 0, result.output
+    provenance = json.loads((out / "ascendconv_provenance.json").read_text())
+    assert provenance["deployment"] == {"tp": 1, "ep": False, "shared_experts_as_routed": False, "mtp_heads": False}
+    shown = runner.invoke(app, ["inspect", str(out)])
+    assert shown.exit_code == 0 and any(
+        line.split() == ["planned", "for", "--tp", "1", "--no-mtp-heads"] for line in shown.stdout.splitlines()
+    ), shown.stdout
+    checked = runner.invoke(app, ["verify", str(out), "--tp", "2", "--json"])
+    assert json.loads(checked.stdout)["deployment"]["recorded"] == provenance["deployment"]
+
+
 def test_a_drafter_head_copied_from_an_fp8_lm_head_is_its_bf16_values(fixture_copy, tmp_path):
     """A release whose lm_head is FP8 (E4M3 codes and tile scales): the drafter's head is written as
     that weight resolved to BF16, as any FLOAT linear is (FP8 bytes under a FLOAT label would not

@@ -38,7 +38,7 @@ RECORD = ProvenanceRecord(
     source_nonfinite={"model.embed_tokens.weight": 3},
     checksum="blake3",
     hub=HubRecord("moonshotai/Kimi-K2", "0123abcd" * 5),
-    deployment={"tp": 8, "ep": True, "shared_experts_as_routed": False},
+    deployment={"tp": 8, "ep": True, "shared_experts_as_routed": False, "mtp_heads": False},
     overrides=("model.layers.1.*=FLOAT",),
     command="ascendconv convert moonshotai/Kimi-K2@0123abcd OUT --scheme w4a8-mxfp-moe",
 )
@@ -75,7 +75,7 @@ def test_every_written_field_reads_back(tmp_path):
     assert {name: read.digest(name) for name in DIGESTS} == DIGESTS
     assert read.digest("quant_model_weights-00003-of-00002.safetensors") is None
     assert read.hub == {"repo_id": "moonshotai/Kimi-K2", "revision": "0123abcd" * 5} and read.date == DATE
-    assert read.deployment == {"tp": 8, "ep": True, "shared_experts_as_routed": False}
+    assert read.deployment == {"tp": 8, "ep": True, "shared_experts_as_routed": False, "mtp_heads": False}
     assert read.details()["overrides"] == ["model.layers.1.*=FLOAT"]
     assert {name: read.size(name) for name in SIZES} == SIZES and read.files == FILES
     assert read.field_problems() == []  # every field of the shape convert writes
@@ -86,6 +86,15 @@ def test_fields_of_the_wrong_type_read_as_absent():
                        "overrides": "x", "command": ["ascendconv"], "date": 1})
     assert (read.hub, read.deployment, read.overrides, read.command, read.date) == (None, None, [], None, None)
     assert Provenance({"deployment": {"tp": 0, "ep": False, "shared_experts_as_routed": False}}).deployment is None
+
+
+def test_a_deployment_recorded_before_mtp_heads_reads_without_it_and_one_of_the_wrong_type_is_named():
+    older = Provenance({"deployment": {"tp": 2, "ep": False, "shared_experts_as_routed": False}})
+    assert older.deployment == {"tp": 2, "ep": False, "shared_experts_as_routed": False}
+    assert older.deployment_problems() == []
+    odd = Provenance({"deployment": {"tp": 2, "ep": False, "shared_experts_as_routed": False, "mtp_heads": "no"}})
+    assert odd.deployment == {"tp": 2, "ep": False, "shared_experts_as_routed": False}
+    assert odd.deployment_problems() == ["deployment.mtp_heads is a string ('no'), expected true or false"]
 
 
 def test_the_date_is_source_date_epoch_when_set_else_now():
@@ -113,7 +122,7 @@ def test_the_file_keeps_its_key_order_and_layout(tmp_path):
         '  "scheme": "w4a8-mxfp-moe",\n'
         '  "scale_rule": "floor",\n  "resolve_dtype": "fp16",\n  "kernel": "reference",\n  "fallbacks": [],\n'
         '  "source_nonfinite": {},\n  "checksum": "blake3",\n  "hub": null,\n  "deployment": {\n    "tp": 8,\n'
-        '    "ep": true,\n    "shared_experts_as_routed": false\n  },\n  "overrides": [],\n'
+        '    "ep": true,\n    "shared_experts_as_routed": false,\n    "mtp_heads": false\n  },\n  "overrides": [],\n'
         f'  "command": "{RECORD.command}",\n  "added_tensors": {{}},\n  "date": "{DATE}",\n'
         '  "files": {\n    "a": "66",\n    "z": "55"\n  },\n'
         '  "shards": {\n    "s1": {\n      "blake3": "11",\n      "size": 1,\n      "source_data": "33"\n'

@@ -47,7 +47,7 @@ def test_the_deployment_line_says_which_values_were_given_and_which_recorded(tp2
     assert (report.options.tp, report.options.ep) == (1, False)
     assert report.to_dict()["deployment"] == {
         "tp": 1, "ep": False, "from": {"tp": "given", "ep": "recorded"},
-        "recorded": {"tp": 2, "ep": False, "shared_experts_as_routed": False},
+        "recorded": {"tp": 2, "ep": False, "shared_experts_as_routed": False, "mtp_heads": True},
     }
 
 

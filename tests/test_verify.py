@@ -168,7 +168,7 @@ def test_cli_json_schema_and_exit_0(converted):
     assert {k: report["provenance"][k] for k in settings} == settings
     recorded = json.loads((pkg / "ascendconv_provenance.json").read_text())
     assert report["provenance"]["fallbacks"] == recorded["fallbacks"] and report["provenance"]["date"] == recorded["date"]
-    assert report["provenance"]["deployment"] == {"tp": 1, "ep": False, "shared_experts_as_routed": False}
+    assert report["provenance"]["deployment"] == {"tp": 1, "ep": False, "shared_experts_as_routed": False, "mtp_heads": True}
     provenance = next(c for c in report["checks"] if c["name"] == "provenance")
     assert provenance["detail"] == (f"ascendconv {__version__}, w4a8-mxfp-moe, rule mse, resolve bf16, "
                                     f"kernel {report['provenance']['kernel']}")
