@@ -621,6 +621,49 @@ def test_verify_source_finds_a_damaged_head_copy(fixture_copy, tmp_path):
     assert not source_check.ok and any(f"{head!r}" in p and "differs from the source copy at byte 0" in p for p in source_check.problems)
 
 
+
+def test_verify_source_holds_the_drafter_head_to_the_source_not_to_the_provenance(fixture_copy, tmp_path):
+    """A resealed package whose drafter head holds the embedding of this untied model, its provenance
+    saying so, passed verify --source: the head was compared with the tensor the provenance named.
+    One whose head was removed everywhere, the provenance's record of it too, passed as well."""
+    from test_verify import DESCRIPTION, PROVENANCE, SHARD, drop_everywhere, read_json, reseal, write_json
+
+    src = _as_glm5(fixture_copy)
+    head = "model.layers.1.shared_head.head.weight"
+    swapped, dropped = tmp_path / "swapped", tmp_path / "dropped"
+    for out in (swapped, dropped):
+        convert(src, out, ConvertOptions(scheme="w8a8-mxfp8"))
+    tensors = load_shard(swapped / SHARD)
+    tensors[head] = tensors["model.embed_tokens.weight"]
+    save_shard(swapped / SHARD, tensors)
+    provenance = read_json(swapped / PROVENANCE)
+    provenance["added_tensors"][head]["source"] = "model.embed_tokens.weight"
+    write_json(swapped / PROVENANCE, provenance)
+    reseal(swapped)
+    assert verify(swapped).ok
+    problems = next(c for c in verify(swapped, VerifyOptions(source=src)).checks if c.name == "source").problems
+    assert problems[0] == (f"{PROVENANCE} records {head!r} as a copy of 'model.embed_tokens.weight', but convert "
+                           "copies 'lm_head.weight' from this source")
+    assert any(p.startswith(f"{head!r} (") and p.endswith("differs from the source copy at byte 0") for p in problems[1:])
+
+    drop_everywhere(dropped, [head])
+    provenance = read_json(dropped / PROVENANCE)
+    provenance["added_tensors"] = {}
+    write_json(dropped / PROVENANCE, provenance)
+    reseal(dropped)
+    assert head not in read_json(dropped / DESCRIPTION) and verify(dropped).ok
+    problems = next(c for c in verify(dropped, VerifyOptions(source=src)).checks if c.name == "source").problems
+    assert problems[:2] == [
+        f"convert adds {head!r} (a copy of 'lm_head.weight') from this source for the MTP drafter, and {PROVENANCE} "
+        "does not record it",
+        f"{head!r} comes from the source but is not in the package",
+    ]
+    # converted with --no-mtp-heads, the same package is what convert writes
+    provenance["deployment"]["mtp_heads"] = False
+    write_json(dropped / PROVENANCE, provenance)
+    reseal(dropped)
+    assert verify(dropped, VerifyOptions(source=src)).ok
+
 # --- DeepSeek-V4-Flash-Base, read by the DeepSeek-V4 source format ------------------------------------
 
 V4 = "deepseek-v4-flash-base"

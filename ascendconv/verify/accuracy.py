@@ -168,7 +168,9 @@ def _compare_source(
 
     # 2. the tensor set the source implies
     by_weight = {linear.weight.name: linear for linear in source.linears.values()}
-    recorded, made_of, to_hash = _data_to_hash(lay, source, by_weight)
+    heads = _added_tensors(prov, source)
+    found.source += _added_problems(prov.added_tensors, heads)
+    recorded, made_of, to_hash = _data_to_hash(lay, source, by_weight, heads)
     data_at = len(found.source)  # where their findings go, once the tensors are hashed
     scale_names = source.scale_names
     implied: set[str] = set()
@@ -179,8 +181,8 @@ def _compare_source(
         implied.add(name if linear is None else linear.prefix + ".weight")  # MX sources may name it otherwise
         if linear is not None and lay.label(linear.prefix + ".weight") in MX_TYPES:
             implied.add(linear.prefix + ".weight_scale")
-    # tensors convert added (the MTP drafter's heads): copies of the source tensor recorded
-    added = {name: source.tensors[src] for name, src in prov.added_tensors.items() if src in source.tensors}
+    # tensors convert added (the MTP drafter's heads): copies of a source tensor
+    added = {name: source.tensors[src] for name, src in heads.items() if src in source.tensors}
     implied |= set(added)
     for name in sorted(implied - set(lay.tensors)):
         if lay.complete:
@@ -195,7 +197,7 @@ def _compare_source(
     work = [(n, e) for n, e in source.tensors.items() if n not in scale_names and package_name(n) in lay.tensors]
     work += [(n, e) for n, e in added.items() if n in lay.tensors]
     total = sum(e.nbytes for _, e in work)
-    derive = _Rederive(lay, source, options, rule, resolve_dtype, notice)
+    derive = _Rederive(lay, source, options, rule, resolve_dtype, set(heads.values()), notice)
     # each tensor a digest needs is hashed by the first item that reads it, just before that item
     # compares it: every source byte comes from the disk once, not once per pass
     hashed_with = [
@@ -250,12 +252,48 @@ def _other_snapshot(hub: dict | None, root) -> str | None:
     return f"the package was converted from {shown(converted)}, the source given is {given[0]}@{given[1]}: pass --source {shown(converted)}"
 
 
-def _data_to_hash(lay: _Layout, source, by_weight: dict) -> tuple[dict[str, str], dict[str, list | None], dict[str, TensorEntry]]:
+def _added_tensors(prov, source) -> dict[str, str]:
+    """The tensors convert adds from this source (the MTP drafter's heads: models.ModelRules.mtp_heads),
+    name -> the source tensor each copies, under the recorded --mtp-heads switch; the ones the package
+    records where it records no switch (a package of before it). Taken from the source, not from the
+    provenance: a package whose head holds another tensor, and says so, is not what convert writes."""
+    from ascendconv.models import rules_for
+
+    switch = (prov.deployment or {}).get("mtp_heads")
+    if switch is None:
+        return dict(prov.added_tensors)
+    if not switch:
+        return {}
+    return {added.name: added.source for added in rules_for(source.config, source.tensors).mtp_heads(source.tensors)}
+
+
+def _added_problems(recorded: dict[str, str], heads: dict[str, str]) -> list[str]:
+    """Each tensor the provenance records as added otherwise than convert adds it from the source."""
+    problems = []
+    for name in sorted(recorded.keys() | heads.keys()):
+        said, made = recorded.get(name), heads.get(name)
+        if said == made:
+            continue
+        if made is None:
+            problems.append(f"{PROVENANCE_NAME} records {name!r} as added (a copy of {said!r}), but convert adds no such "
+                            "tensor from this source under the recorded --mtp-heads")
+        elif said is None:
+            problems.append(f"convert adds {name!r} (a copy of {made!r}) from this source for the MTP drafter, and "
+                            f"{PROVENANCE_NAME} does not record it")
+        else:
+            problems.append(f"{PROVENANCE_NAME} records {name!r} as a copy of {said!r}, but convert copies {made!r} "
+                            "from this source")
+    return problems
+
+
+def _data_to_hash(
+    lay: _Layout, source, by_weight: dict, added: dict[str, str]
+) -> tuple[dict[str, str], dict[str, list | None], dict[str, TensorEntry]]:
     """What proves each package shard was made from the source given, where the shard records the
     digest of the source bytes it was made from (packages of before do not): the recorded digests,
     shard -> its source tensors (None: a tensor of it does not come from the source, reported
-    apart), and those tensors by name, to hash. The proof that the sampled identity of the source
-    only makes likely."""
+    apart), and those tensors by name, to hash (`added`: each added tensor's source tensor). The proof
+    that the sampled identity of the source only makes likely."""
     from ascendconv.pipeline import made_from
 
     shards = lay.pkg.record.shards or {}
@@ -263,7 +301,6 @@ def _data_to_hash(lay: _Layout, source, by_weight: dict) -> tuple[dict[str, str]
     if not recorded:
         return {}, {}, {}
     by_prefix = {linear.prefix: linear for linear in source.linears.values()}
-    added = lay.pkg.record.added_tensors
     made_of: dict[str, list | None] = {name: [] for name in recorded}  # shard -> source tensors; None: unknown
     for name, entry in lay.tensors.items():
         shard = entry.path.name
@@ -396,7 +433,9 @@ class _Rederive:
     sampled rows with the reference.
     """
 
-    def __init__(self, lay: _Layout, source, options: VerifyOptions, rule: str | None, resolve_dtype: str, notice):
+    def __init__(
+        self, lay: _Layout, source, options: VerifyOptions, rule: str | None, resolve_dtype: str, heads: set[str], notice
+    ):
         self.lay, self.source, self.options = lay, source, options
         self.rule, self.resolve_dtype = rule, resolve_dtype
         self.fraction = 1.0 if options.exact == "full" else options.sample
@@ -411,7 +450,7 @@ class _Rederive:
         # the types the source's linears were written as (a module unquantized in the source
         # is labeled FLOAT too, but is compared as a copy and needs no kernel)
         kinds = {lay.modules[linear.prefix].label for linear in source.linears.values() if linear.prefix in lay.modules}
-        heads = set(lay.pkg.record.added_tensors.values())  # a head copied from a quantized weight is resolved
+        # heads: the source tensors added copies are made from (one of a quantized weight is resolved)
         resolved = FLOAT in kinds or any(linear.weight.name in heads for linear in source.linears.values())
         needed = entry_points(source.linears.values(), bool(kinds & set(MX_TYPES)) and rule is not None, resolved)
         if kinds & set(MX_TYPES) and (options.exact == "full" or rule is None):
