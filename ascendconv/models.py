@@ -136,6 +136,9 @@ class ModelRules:
     # layers from num_hidden_layers on holding none of the mtp_markers: decoder layers it does not count
     uncounted_layers: tuple[int, ...] = ()
     tied_embeddings: bool = False  # tie_word_embeddings: the output head is the input embedding
+    # the first layer number the source lacks between where vLLM numbers MTP layers from and an
+    # undeclared one: no num_nextn_predict_layers makes vLLM build that one from the source's tensors
+    mtp_gap: int | None = None
 
     @property
     def known(self) -> bool:
@@ -167,17 +170,25 @@ class ModelRules:
             return None
         count = self.mtp_layer_count
         numbers = self.undeclared_mtp_layers
+        # vLLM's MTP layers run from num_hidden_layers to the last one, a layer the source lacks included
         if self.num_hidden_layers is None:  # num_nextn_predict_layers counts from a layer the config lacks
+            first = numbers[0]
             unstated = "config.json has no num_hidden_layers to number them from"
-            fixes = [f'"num_hidden_layers": {numbers[0]}']
-            fixes += [f'"num_nextn_predict_layers": {len(numbers)}'] if count != len(numbers) else []
+            fixes = [f'"num_hidden_layers": {first}']
+            fixes += [f'"num_nextn_predict_layers": {numbers[-1] - first + 1}'] if count != numbers[-1] - first + 1 else []
         else:
+            first = self.num_hidden_layers
             unstated = f"config.json does not declare them (num_nextn_predict_layers {'absent' if count is None else count})"
-            fixes = [f'"num_nextn_predict_layers": {(count or 0) + len(numbers)}']
+            fixes = [f'"num_nextn_predict_layers": {numbers[-1] - first + 1}']
+        gap = "" if self.mtp_gap is None else (
+            f"; the source holds no layer {self.mtp_gap}, which vLLM's MTP drafter then builds too (it numbers MTP "
+            f"layers from {first} on, without a gap): the model loads, but speculative decoding with MTP will not "
+            f"until the source's MTP layers are numbered from {first}"
+        )
         return (
             f"{_layers_hold(numbers)} MTP tensors ({' / '.join(self.family.mtp_markers)}) and {unstated}: planned as MTP "
             "layers, FLOAT; vLLM finds MTP layers by num_hidden_layers and num_nextn_predict_layers, "
-            f"so set {' and '.join(fixes)} in the package's config.json"
+            f"so set {' and '.join(fixes)} in the package's config.json{gap}"
         )
 
     @property
@@ -413,9 +424,10 @@ def rules_for(config: dict | None, names: Iterable[str] = ()) -> ModelRules:
     mtp_layer_count = _layer_count(
         config, "num_nextn_predict_layers", "MTP layers", 'write it as an integer, e.g. "num_nextn_predict_layers": 1 (vLLM reads it as one)'
     )
-    undeclared, uncounted = _layers_past_count(_BY_TYPE.get(model_type, GENERIC), names, num_hidden_layers, mtp_layer_count)
+    family = _BY_TYPE.get(model_type, GENERIC)
+    undeclared, uncounted, gap = _layers_past_count(family, names, num_hidden_layers, mtp_layer_count)
     tied = config_value(config, "tie_word_embeddings") is True
-    return _rules(model_type, num_hidden_layers, mtp_layer_count, odd, undeclared, uncounted, tied)
+    return _rules(model_type, num_hidden_layers, mtp_layer_count, odd, undeclared, uncounted, tied, gap)
 
 
 def _layer_count(config: dict, key: str, layers: str, hint: str) -> int | None:
@@ -435,11 +447,13 @@ def _layers_hold(numbers: tuple[int, ...]) -> str:
 
 def _layers_past_count(
     family: Family, names: Iterable[str], first: int | None, declared: int | None
-) -> tuple[tuple[int, ...], tuple[int, ...]]:
+) -> tuple[tuple[int, ...], tuple[int, ...], int | None]:
     """The layers under the family's roots from num_hidden_layers on (any, if the config lacks it):
     those holding one of its mtp_markers past the num_nextn_predict_layers counted ones (undeclared
     MTP layers), and those holding none past the counted MTP layers or below a marked one (decoder
-    layers the config does not count), found while layer numbers follow on from num_hidden_layers."""
+    layers the config does not count), found while layer numbers follow on from num_hidden_layers
+    (or, without it, from the first undeclared MTP layer); and where they stop short of the last
+    undeclared one, the first number missing (ModelRules.mtp_gap)."""
     names = names if isinstance(names, (list, tuple, dict)) else list(names)
     # most checkpoints have no name past their layers, nor one holding ".<marker>.": told at C speed
     # from their joined names (a third of matching each of Qwen3.5-397B's 189,042)
@@ -452,18 +466,18 @@ def _layers_past_count(
         marked = {int(match[1]) for match in map(pattern.match, names) if match}
     start = 0 if first is None else first + (declared or 0)
     undeclared = tuple(sorted(n for n in marked if n >= start))
-    if first is None:
-        return undeclared, ()
+    if first is None and not undeclared:
+        return undeclared, (), None
     uncounted = []
-    number = first
+    number = undeclared[0] if first is None else first
     last_marked = max(marked, default=-1)
     while any(f"\n{root}layers.{number}." in joined for root in family.roots):
         # one numbered as MTP is a decoder layer only where an MTP layer follows it: without one it
         # may be an MTP layer stored without its markers
-        if number not in marked and (number >= start or number < last_marked):
+        if first is not None and number not in marked and (number >= start or number < last_marked):
             uncounted.append(number)
         number += 1
-    return undeclared, tuple(uncounted)
+    return undeclared, tuple(uncounted), number if undeclared and number < undeclared[-1] else None
 
 
 @lru_cache(maxsize=4)
@@ -475,11 +489,12 @@ def _rules(
     undeclared_mtp_layers: tuple[int, ...],
     uncounted_layers: tuple[int, ...],
     tied_embeddings: bool,
+    mtp_gap: int | None,
 ) -> ModelRules:
     """The rules are a function of these values: one object per checkpoint, so that the source's
     checks, the planner and inspect share its memo of names (`routed_expert`)."""
     family = _BY_TYPE.get(model_type, GENERIC)
     return ModelRules(
         model_type, family, num_hidden_layers, mtp_layer_count, odd_model_type, undeclared_mtp_layers, uncounted_layers,
-        tied_embeddings,
+        tied_embeddings, mtp_gap,
     )

@@ -497,6 +497,43 @@ def test_a_second_mtp_layer_past_the_declared_count_is_mtp_too():
     assert rules_for({**GLM, "num_hidden_layers": 2}, spec).undeclared_mtp_layers == ()
 
 
+
+GAP = (
+    "layer 2 holds MTP tensors (eh_proj / enorm) and {stated}: planned as MTP layers, FLOAT; vLLM finds MTP layers "
+    'by num_hidden_layers and num_nextn_predict_layers, so set "num_nextn_predict_layers": 2 in the package\'s '
+    "config.json; the source holds no layer 1, which vLLM's MTP drafter then builds too (it numbers MTP layers from "
+    "1 on, without a gap): the model loads, but speculative decoding with MTP will not until the source's MTP "
+    "layers are numbered from 1"
+)
+
+
+@pytest.mark.parametrize(
+    "config, stated",
+    [
+        ({k: v for k, v in GLM.items() if k != "num_nextn_predict_layers"},
+         "config.json does not declare them (num_nextn_predict_layers absent)"),
+        (GLM, "config.json does not declare them (num_nextn_predict_layers 1)"),
+    ],
+)  # fmt: skip
+def test_an_mtp_layer_after_a_gap_is_counted_through_it_and_warned_that_mtp_will_not_load(config, stated):
+    """The MTP layer numbered 2 where num_hidden_layers is 1: the warning asked for
+    num_nextn_predict_layers 1 when the config had none (vLLM then builds MTP layer 1 only, and the
+    decoder's loader meets layer 2's tensors), and never said that no count makes the drafter load."""
+    spec = {n.replace("model.layers.1.", "model.layers.2."): e for n, e in glm_with_mtp().items()}
+    rules = rules_for(config, spec)
+    assert rules.layer_count_warning == GAP.format(stated=stated)
+    assert (rules.undeclared_mtp_layers, rules.mtp_gap) == ((2,), 1)
+    assert rules_for(config, glm_with_mtp()).mtp_gap is None
+
+
+def test_without_num_hidden_layers_mtp_layers_with_a_gap_are_counted_through_it():
+    spec = glm_with_mtp()
+    spec.update({n.replace("model.layers.1.", "model.layers.3."): e for n, e in spec.items() if "layers.1." in n})
+    rules = rules_for({k: v for k, v in GLM.items() if k != "num_hidden_layers"}, spec)
+    assert 'set "num_hidden_layers": 1 and "num_nextn_predict_layers": 3 in' in rules.layer_count_warning
+    assert "the source holds no layer 2," in rules.layer_count_warning
+    assert (rules.undeclared_mtp_layers, rules.mtp_gap) == ((1, 3), 2)
+
 def _with_layer(spec: dict, layer: int, copied_from: int) -> dict:
     prefix = f"model.layers.{copied_from}."
     return {**spec, **{name.replace(prefix, f"model.layers.{layer}."): e for name, e in spec.items() if name.startswith(prefix)}}
