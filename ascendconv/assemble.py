@@ -314,20 +314,22 @@ def assemble(
     out = Path(out)
     package_date()  # a malformed SOURCE_DATE_EPOCH is refused before the parts are read
     with interruptible(out):
-        # before every part's shards are hashed: a busy OUT is refused at once, as convert's is
-        check_output_path(out)
-        OutputLock(out).probe()
-        checked = checked_parts([Path(d) for d in directories], workers, progress, on_shard)
-        parts = checked.parts
+        parts_given = [Path(d).expanduser() for d in directories]  # each part's directory, as read_part finds it
 
         def check() -> None:
             # a part that is OUT, holds it or lies in it first: its refusal is the one that applies, where
             # another part's check would stop at "exists and is not empty" and suggest --overwrite
             real_out = Path(os.path.realpath(out))
-            for part in sorted(parts, key=lambda part: not _nested(real_out, Path(os.path.realpath(part.directory)))):
-                check_output(out, part.directory, overwrite, DESCRIPTION_NAME, "part")
+            for directory in sorted(parts_given, key=lambda d: not _nested(real_out, Path(os.path.realpath(d)))):
+                check_output(out, directory, overwrite, DESCRIPTION_NAME, "part")
 
+        # before a part is read (let alone its shards hashed), as convert's before the source: an OUT
+        # that cannot be made, a busy OUT, what is there; all decided again under the lock
+        check_output_path(out)
+        OutputLock(out).probe()
         check()
+        checked = checked_parts([Path(d) for d in directories], workers, progress, on_shard)
+        parts = checked.parts
         check_free_space(out, space_to_assemble(out, parts))
         with output_errors(out, shard_size_option=False), StagedOutput(out, check) as staged:
             bytes_written, linked = assemble_into(staged.staging, parts, checked.identities)

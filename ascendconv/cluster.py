@@ -130,16 +130,18 @@ def convert_on_ray(
     ray = import_ray()
     started = time.perf_counter()
     out = Path(out).absolute()
-    check_output_path(out)  # before a header is read, as convert's
+    # before a header is read and Ray is started, as convert's: an OUT that cannot be made, a busy OUT,
+    # what is there (decided again under the lock)
+    check_output_path(out)
+    root = Path(src).absolute()
+    check = lambda: check_output(out, root, options.overwrite, DESCRIPTION_NAME)  # noqa: E731
+    OutputLock(out).probe()
+    check()
     source = open_source(src)
     try:
         plan = plan_for(source, options)
         Kernel(options.kernel)  # an unknown kernel fails here, not in every task
         total = source_bytes(source, plan)
-        root = Path(source.root).absolute()
-        check = lambda: check_output(out, root, options.overwrite, DESCRIPTION_NAME)  # noqa: E731
-        OutputLock(out).probe()  # before Ray is started: a busy OUT is refused at once, as convert's
-        check()
         check_free_space(out, space_to_write(source, plan, list(range(len(plan.shards))), out, False))
     finally:
         source.close()

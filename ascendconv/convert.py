@@ -169,6 +169,12 @@ def convert(
         # first: an OUT that cannot be made (or replaced) is refused before a header is read, and names
         # too long for the file system make stat() itself fail in the checks below
         check_output_path(out)
+        marker = PART_MANIFEST_NAME if options.part else DESCRIPTION_NAME
+        check = lambda: check_output(out, Path(src), options.overwrite, marker)  # noqa: E731
+        # then, still before a header is read (a dry run's too: it says what the run would refuse), a
+        # busy OUT and what is there: both are decided again under the lock
+        OutputLock(out).probe()
+        check()
         try:
             source = open_source(src)
         except InputError:
@@ -181,12 +187,6 @@ def convert(
             wanted = part_shards(plan, options.part)
             if options.kernel not in KERNELS:
                 raise BadOptionError(f"unknown kernel {options.kernel!r}", f"choose one of {', '.join(KERNELS)}")
-            marker = PART_MANIFEST_NAME if options.part else DESCRIPTION_NAME
-            check = lambda: check_output(out, source.root, options.overwrite, marker)  # noqa: E731
-            # before anything is read, created or compiled, a dry run's too (it says what the run would
-            # refuse): a busy OUT, then what is there; both are decided again under the lock
-            OutputLock(out).probe()
-            check()
             if dry_run:  # no kernel: importing (let alone compiling) one is most of a dry run's time
                 return ConvertResult(out, plan, options.kernel, time.perf_counter() - started, True, {}, 0, part=options.part)
             kernel = Kernel(options.kernel)
