@@ -379,6 +379,13 @@ class TooManyOpenFilesError(EnvironmentProblem):
     default_hint = "raise the open-file limit (ulimit -n 4096; the system's: sysctl fs.file-max), then run the command again"
 
 
+class TooManyThreadsError(EnvironmentProblem):
+    """A thread the run needs could not start: this user's count of processes and threads (ulimit -u)
+    or the system's reached; an address space too small for its stack is OutOfMemoryError."""
+
+    default_hint = "raise the limit (ulimit -u), or use fewer --workers"
+
+
 OPEN_FILES_EXHAUSTED = (errno.EMFILE, errno.ENFILE)
 
 

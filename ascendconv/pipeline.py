@@ -21,6 +21,7 @@ from ascendconv.ascendv1 import QUANT_TYPES
 from ascendconv.errors import BadOptionError, out_of_memory, shown
 from ascendconv.io.checksum import reads_digest, tensor_hasher
 from ascendconv.io.safetensors import TensorEntry
+from ascendconv.io.threads import threads_started
 from ascendconv.io.writer import ShardWriter
 from ascendconv.sources import Source, SourceLinear
 from ascendconv.sources.rows import entry_points, linear_rows
@@ -203,16 +204,19 @@ def write_shards(
 
     reader_thread = threading.Thread(target=read_ahead, daemon=True)
     writer_thread = threading.Thread(target=write_behind, daemon=True)
-    reader_thread.start()
-    writer_thread.start()
     try:
+        with threads_started():
+            reader_thread.start()
+            writer_thread.start()
         with ThreadPoolExecutor(max_workers=workers) as pool:
             pending: collections.deque = collections.deque()
             for item in items:
                 data = prefetched.get()
                 if isinstance(data, BaseException):
                     raise data
-                pending.append((item, data, pool.submit(item.compute, data)))
+                with threads_started():  # the pool starts its threads as work is submitted
+                    future = pool.submit(item.compute, data)
+                pending.append((item, data, future))
                 while len(pending) > workers:
                     done = _hand_over(pending.popleft(), to_write, writer_error, done, total, progress)
             while pending:
@@ -227,7 +231,8 @@ def write_shards(
     except BaseException:
         stop.set()
         to_write.put(None)
-        writer_thread.join()  # the shard writer is the writer thread's until it stops
+        if writer_thread.ident is not None:  # None: it could not be started
+            writer_thread.join()  # the shard writer is the writer thread's until it stops
         writer.abort()
         hashed.close()
         raise
@@ -263,7 +268,8 @@ class SourceDigests:
         self._hashed = 0  # items hashed, in order
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="ascendconv-source-hash", daemon=True)
-        self._thread.start()
+        with threads_started():
+            self._thread.start()
 
     def put(self, item: WorkItem, data) -> bool:
         if self._error is not None:

@@ -27,6 +27,7 @@ from typing import Callable
 from ascendconv.errors import AscendconvError, ResumeLedgerError, ResumeMismatchError, UnsafeOutputError, clip, shown
 from ascendconv.io.checksum import CHECKSUM, file_digest
 from ascendconv.io.files import read_json_object, write_new
+from ascendconv.io.threads import threads_started
 from ascendconv.plan import Plan
 
 LEDGER_NAME = ".ascendconv-resume.json"  # hidden: a source file of that name is never copied
@@ -264,7 +265,8 @@ def verify_in_background(staging: Path, recorded: dict[str, str]) -> Callable[[]
 
     # a daemon: an interrupted run must not wait for the re-reading to end before it exits
     thread = threading.Thread(target=run, daemon=True)
-    thread.start()
+    with threads_started():
+        thread.start()
 
     def result() -> dict[str, str]:
         thread.join()

@@ -196,3 +196,123 @@ def test_only_a_library_the_address_space_cannot_hold_is_blamed_on_the_limit(tmp
         f"compiled kernels: {library} did not load, and the 256.0 MiB it maps do not fit in what is left")
     assert as_import is not None and as_import.message == named.message
     assert (missing, not_elf, fits) == (None, None, None)
+
+
+def failing_start(monkeypatch, fails):
+    """threading.Thread.start raising CPython's RuntimeError for the threads `fails(thread)` picks, as
+    pthread_create's EAGAIN does (ulimit -v, ulimit -u); every other thread starts."""
+    import threading
+
+    real = threading.Thread.start
+
+    def start(thread):
+        if fails(thread):
+            raise RuntimeError("can't start new thread")
+        return real(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+
+
+PIPELINE_THREADS = {
+    "reader": lambda t: getattr(t, "_target", None) is not None and t._target.__name__ == "read_ahead",
+    "source hasher": lambda t: t.name == "ascendconv-source-hash",
+    "worker": lambda t: t.name.startswith("ThreadPoolExecutor"),
+}
+
+
+@pytest.mark.parametrize("thread", PIPELINE_THREADS)
+@pytest.mark.parametrize("limit", ["address space", "processes"])
+def test_a_pipeline_thread_that_cannot_start_is_the_named_limit_and_nothing_is_written(tmp_path, monkeypatch, thread, limit):
+    """Under `ulimit -v 500000` or `650000` (here) a convert of the dense fixture ended in a traceback,
+    'RuntimeError: can't start new thread', exit 1, from the reader's start or the pool's submit;
+    under `ulimit -u 6` as a user other than root, the same from the source hasher's."""
+    from ascendconv.io import threads
+
+    if limit == "address space":
+        monkeypatch.setattr(threads, "address_space_limit", lambda: 500000 * 1024)
+        monkeypatch.setattr(threads, "mappable", lambda size: size != threads.thread_stack_bytes())
+    else:
+        monkeypatch.setattr(threads, "address_space_limit", lambda: None)
+        monkeypatch.setattr(threads, "process_limit", lambda: 6)
+        monkeypatch.setattr(threads, "user_threads", lambda uid: 6)
+    failing_start(monkeypatch, PIPELINE_THREADS[thread])
+    result = runner.invoke(app, ["convert", str(DENSE), str(tmp_path / "out"), "--workers", "2", "--json"])
+    assert result.exit_code == 4, result.output
+    error = json.loads(result.stdout)
+    stack = threads.thread_stack_bytes() / 2**20
+    if limit == "address space":
+        assert error["error"] == "OutOfMemoryError"
+        assert error["message"] == (
+            "cannot start another thread: this process's address-space limit (ulimit -v 500000: 488.3 MiB) leaves no "
+            f"room for its {stack:.1f} MiB stack"
+        )
+        assert error["hint"] == "raise the limit (ulimit -v unlimited, or higher), or use fewer --workers"
+    else:
+        assert error["error"] == "TooManyThreadsError"
+        assert error["message"] == (
+            "cannot start another thread: this user may run 6 processes and threads at once (ulimit -u 6), and 6 are running"
+        )
+        assert error["hint"] == "raise the limit (ulimit -u), or use fewer --workers"
+    assert list(tmp_path.iterdir()) == []  # no OUT, no staging, no lock
+
+
+def test_a_thread_that_cannot_start_under_no_limit_names_the_system_s(monkeypatch):
+    from ascendconv.errors import TooManyThreadsError
+    from ascendconv.io import threads
+
+    monkeypatch.setattr(threads, "address_space_limit", lambda: None)
+    monkeypatch.setattr(threads, "process_limit", lambda: None)
+    error = threads.thread_limit_error()
+    assert isinstance(error, TooManyThreadsError) and error.exit_code == 4
+    assert error.message == (
+        "cannot start another thread: the system refused it, and no limit of this process is what stopped it; "
+        "the system's threads-max (sysctl kernel.threads-max) or a cgroup's pids.max may be reached"
+    )
+
+
+def test_only_can_t_start_new_thread_is_taken_for_a_limit():
+    from ascendconv.io.threads import threads_started
+
+    with pytest.raises(RuntimeError, match="^cannot schedule new futures after shutdown$"):
+        with threads_started():
+            raise RuntimeError("cannot schedule new futures after shutdown")
+
+
+def test_a_direct_shard_sink_whose_write_thread_cannot_start_stops_its_checksum_thread(tmp_path, monkeypatch):
+    """The checksum thread started first was left waiting for ever, the shard file open."""
+    import threading
+
+    from ascendconv.io import threads
+    from ascendconv.io.writer import _DirectSink
+
+    monkeypatch.setattr(threads, "address_space_limit", lambda: 500000 * 1024)
+    monkeypatch.setattr(threads, "mappable", lambda size: False)
+    failing_start(monkeypatch, lambda t: t.name.startswith("write "))
+    before = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(OutOfMemoryError, match="^cannot start another thread: this process's address-space limit"):
+        _DirectSink(tmp_path / "shard.safetensors")
+    assert [t.name for t in threading.enumerate() if t.name.endswith(" shard.safetensors")] == []
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_real_address_space_limit_too_small_for_a_thread_s_stack_is_named(tmp_path):
+    """A real limit, set just above what the process maps, for the proof that its stack cannot be mapped."""
+    code = (
+        "import json, resource, threading\n"
+        "from ascendconv.io.threads import threads_started\n"
+        "from ascendconv.errors import AscendconvError\n"
+        "size = int(next(l for l in open('/proc/self/status') if l.startswith('VmSize:')).split()[1]) * 1024\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (size + 2**20, resource.RLIM_INFINITY))\n"
+        "try:\n"
+        "    with threads_started():\n"
+        "        threading.Thread(target=print).start()\n"
+        "except AscendconvError as exc:\n"
+        "    print(json.dumps([type(exc).__name__, exc.exit_code, exc.message, size + 2**20]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(FIXTURES.parent)})
+    name, code_, message, limit = json.loads(done.stdout)
+    assert (name, code_) == ("OutOfMemoryError", 4), done.stderr
+    assert message.startswith(
+        f"cannot start another thread: this process's address-space limit (ulimit -v {limit // 1024}: "
+    ) and message.endswith(" MiB stack")

@@ -23,24 +23,36 @@ def address_space_too_small(exc: BaseException, needed_by: str) -> OutOfMemoryEr
     """OutOfMemoryError when a shared library that failed to load in `exc`'s chain (an extension
     module's ImportError, ctypes' OSError from dlopen) does not fit in what this process's
     address-space limit leaves; else None, the failure not proven to be the limit's."""
-    try:
-        import resource
-    except ImportError:  # not POSIX: no RLIMIT_AS
-        return None
-    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
-    if limit == resource.RLIM_INFINITY:
+    limit = address_space_limit()
+    if limit is None:
         return None
     while exc is not None:
         path = library_path(exc)
         span = loaded_span(path) if path is not None else None
         if span is not None and not mappable(span):
             return OutOfMemoryError(
-                f"this process's address-space limit (ulimit -v {limit // 1024}: {limit / 2**20:.1f} MiB) is too small "
+                f"{address_space_words(limit)} is too small "
                 f"for {needed_by}: {clip(path)} did not load, and the {span / 2**20:.1f} MiB it maps do not fit in what is left",
                 "raise the limit (ulimit -v unlimited, or higher) and run the command again",
             )
         exc = exc.__cause__ or exc.__context__
     return None
+
+
+def address_space_limit() -> int | None:
+    """This process's address-space limit (RLIMIT_AS, ulimit -v) in bytes; None where none is set
+    (or the system is not POSIX)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    return None if limit == resource.RLIM_INFINITY else limit
+
+
+def address_space_words(limit: int) -> str:
+    """The address-space limit as messages name it, in ulimit's KiB and in MiB."""
+    return f"this process's address-space limit (ulimit -v {limit // 1024}: {limit / 2**20:.1f} MiB)"
 
 
 def library_path(exc: BaseException) -> str | None:

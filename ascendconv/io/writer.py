@@ -18,6 +18,7 @@ from ascendconv.errors import shown
 from ascendconv.io.checksum import new_hasher
 from ascendconv.io.files import FILE_MODE
 from ascendconv.io.safetensors import HEADER_ALIGNMENT, tensor_nbytes
+from ascendconv.io.threads import threads_started
 
 if TYPE_CHECKING:
     import numpy as np
@@ -125,8 +126,14 @@ class _DirectSink:
             threading.Thread(target=self._drain, args=(jobs, work), name=f"{what} {path.name}", daemon=True)
             for jobs, work, what in ((self._to_hash, self._hash, "checksum"), (self._to_write, self._pwrite, "write"))
         ]
-        for thread in self._threads:
-            thread.start()
+        try:
+            with threads_started():
+                for thread in self._threads:
+                    thread.start()
+        except BaseException:
+            self._threads = [thread for thread in self._threads if thread.ident is not None]
+            self.abort()  # the file closed and the thread started stopped: no one holds this sink
+            raise
 
     def _hash(self, buffer: np.ndarray, length: int, padded: int, offset: int) -> None:
         self._hasher.update(buffer[:length])
