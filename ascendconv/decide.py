@@ -240,8 +240,7 @@ def module_facts(
     # start (roots, MTP layers) or its ending (tp roles, FLOAT rules, none of which holds a number),
     # never the expert number. One lookup, then, for all but the first expert of each.
     routed_facts: dict[tuple, ModuleFacts] = {}
-    for prefix, linear in linears.items():
-        expert = rules.routed_expert(prefix)
+    for (prefix, linear), expert in zip(linears.items(), rules.routed_experts(linears)):
         if expert is not None:
             same = (expert["layer"], expert["proj"], linear.weight.shape, linear.encoding)
             fact = routed_facts.get(same)

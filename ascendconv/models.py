@@ -288,12 +288,42 @@ class ModelRules:
         head, _, proj = prefix.rpartition(".")
         found = None
         if proj in self._expert_projections:
-            block, _, expert = head.rpartition(".")
-            if expert.isdecimal() and block.endswith(".experts") and len(block) > 8 and "\n" not in block:
-                found = {"layer": block[:-8], "expert": expert, "proj": proj}
+            expert = self._expert_of(head)
+            if expert is not None:
+                found = {"layer": expert[0], "expert": expert[1], "proj": proj}
         if len(memo) < ROUTED_MEMO_LIMIT:
             memo[prefix] = found
         return found
+
+    def routed_experts(self, prefixes: Iterable[str]) -> list[dict[str, str] | None]:
+        """routed_expert of each of `prefixes`, in one loop: an expert's projections are listed
+        together and share everything but the last segment, read once for all three."""
+        memo = self._routed_memo
+        projections = self._expert_projections
+        found_all = []
+        last_head = last = None  # the last expert module parsed, and its (layer, expert number) or None
+        for prefix in prefixes:
+            found = memo.get(prefix, memo)
+            if found is memo:
+                head, _, proj = prefix.rpartition(".")
+                found = None
+                if proj in projections:
+                    if head != last_head:
+                        last_head, last = head, self._expert_of(head)
+                    if last is not None:
+                        found = {"layer": last[0], "expert": last[1], "proj": proj}
+                if len(memo) < ROUTED_MEMO_LIMIT:
+                    memo[prefix] = found
+            found_all.append(found)
+        return found_all
+
+    @staticmethod
+    def _expert_of(head: str) -> tuple[str, str] | None:
+        """(layer, expert number) of a routed expert's module (`<layer>.experts.<digits>`), else None."""
+        block, _, expert = head.rpartition(".")
+        if expert.isdecimal() and block.endswith(".experts") and len(block) > 8 and "\n" not in block:
+            return block[:-8], expert
+        return None
 
     def shared_expert_layer(self, prefix: str) -> str | None:
         """The MoE block (e.g. 'model.layers.3.mlp') whose shared expert `prefix` belongs to."""

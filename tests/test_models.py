@@ -45,6 +45,22 @@ def test_routed_expert_names_what_the_pattern_of_its_spelling_matches(prefix, mo
     assert rules.routed_expert(prefix) == expected
 
 
+@given(
+    st.lists(st.tuples(st.lists(_NAME_PARTS, min_size=1, max_size=6).map(".".join), st.sampled_from(["w1", "w2", "up_proj", "x"])),
+             max_size=12),
+    st.sampled_from(["mystery", "deepseek_v3", "minimax_m2"]),
+)
+def test_routed_experts_of_a_list_is_routed_expert_of_each_name(heads, model_type):
+    """The one loop over a list (which reads an expert module once for the projections listed after
+    it) gives what routed_expert gives each name alone, remembered or not, heads repeated or not."""
+    prefixes = [f"{head}.{proj}" for head, proj in heads] + ([f"{heads[0][0]}.down_proj"] if heads else [])
+    rules = rules_for({"model_type": model_type})
+    rules._routed_memo.clear()
+    cold = rules.routed_experts(prefixes)
+    rules._routed_memo.clear()
+    assert cold == [rules.routed_expert(p) for p in prefixes] == rules.routed_experts(prefixes)
+
+
 def test_known_families_and_the_generic_rule():
     assert rules_for({"model_type": "kimi_k2"}).family.label == "Kimi-K2"
     assert rules_for({"model_type": "minimax_m2"}).known

@@ -57,9 +57,7 @@ def _moe_layers(prefixes: list[str], config: dict | None) -> dict[str, dict[int,
     role_of = rules.expert_role
     numbers: dict[str, int] = {}  # a few hundred expert numbers, each spelled by a hundred layers
     layers: dict[str, dict[int, dict[str, str]]] = {}
-    routed = rules.routed_expert
-    for prefix in prefixes:
-        match = routed(prefix)
+    for prefix, match in zip(prefixes, rules.routed_experts(prefixes)):
         if match is None or len(match["expert"]) > MAX_EXPERT_DIGITS:
             continue
         layer = layers.get(match["layer"])
