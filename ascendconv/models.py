@@ -501,7 +501,8 @@ def _layers_past_count(
     uncounted = []
     number = undeclared[0] if first is None else first
     last_marked = max(marked, default=-1)
-    while any(f"\n{root}layers.{number}." in joined for root in family.roots):
+    # most checkpoints hold no layer numbered `number`: one search says so for every root
+    while f"layers.{number}." in joined and any(f"\n{root}layers.{number}." in joined for root in family.roots):
         # one numbered as MTP is a decoder layer only where an MTP layer follows it: without one it
         # may be an MTP layer stored without its markers
         if first is not None and number not in marked and (number >= start or number < last_marked):
