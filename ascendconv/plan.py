@@ -12,6 +12,8 @@ import bisect
 import fnmatch
 import functools
 import itertools
+import operator
+from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable, Iterator
@@ -305,26 +307,20 @@ class Plan:
 
     def module_groups(self) -> dict[str, dict[str, int]]:
         """Source linears by name pattern (layer and expert numbers as '*'): written type -> count."""
-        patterns: dict[str, dict[str, list]] = {}  # pattern -> written type -> [count, first member by name]
+        tallies: dict[str, dict[str, list]] = {}  # pattern -> written type -> [count, the member lists it counts]
         for group in self.groups.values():
-            written = group.written
-            for prefix in group.members:
-                pattern = module_pattern(prefix)
-                types = patterns.get(pattern)
-                if types is None:
-                    types = patterns[pattern] = {}
-                slot = types.get(written)
-                if slot is None:
-                    types[written] = [1, prefix]
-                else:
-                    slot[0] += 1
-                    if prefix < slot[1]:
-                        slot[1] = prefix
-        # the types of a pattern in the order of their first members by name
-        return {
-            pattern: {t: slot[0] for t, slot in sorted(types.items(), key=lambda item: item[1][1])}
-            for pattern, types in sorted(patterns.items())
-        }
+            for pattern, count in member_patterns(group.members, self.rules.routed_expert).items():
+                slot = tallies.setdefault(pattern, {}).setdefault(group.written, [0, []])
+                slot[0] += count
+                slot[1].append(group.members)
+        found = {}
+        for pattern, types in sorted(tallies.items()):
+            order = list(types)
+            if len(order) > 1:  # in the order of their first members by name, looked for only here
+                firsts = {written: first_member(pattern, slot[1]) for written, slot in types.items()}
+                order.sort(key=firsts.__getitem__)
+            found[pattern] = {written: types[written][0] for written in order}
+        return found
 
     def tensor_counts(self) -> dict[str, int]:
         """Package tensors per description label."""
@@ -402,6 +398,31 @@ class Plan:
             "copied_files": self.copied_files,
             "skipped_files": self.skipped_files,
         }
+
+
+def member_patterns(members: list[str], routed_expert: Callable[[str], dict | None]) -> dict[str, int]:
+    """Members per module_pattern. A group of routed experts alone (`routed_expert`: the model's
+    rule) has one pattern per projection: their names differ in the expert number only, which the
+    pattern makes '*'; so it is found once per projection, not once per expert."""
+    experts = list(map(routed_expert, members))
+    if None in experts:  # a dense module, a packed set, a shared expert placed with the routed ones
+        return Counter(map(module_pattern, members))
+    by_projection = Counter(map(operator.itemgetter("proj"), experts))
+    first: dict[str, str] = {}  # projection -> its first member (the first few members hold them all)
+    for member, expert in zip(members, experts):
+        first.setdefault(expert["proj"], member)
+        if len(first) == len(by_projection):
+            break
+    counts: dict[str, int] = {}
+    for proj, count in by_projection.items():
+        pattern = module_pattern(first[proj])
+        counts[pattern] = counts.get(pattern, 0) + count
+    return counts
+
+
+def first_member(pattern: str, member_lists: list[list[str]]) -> str:
+    """The first by name of the members of `member_lists` that have this module_pattern."""
+    return min(member for members in member_lists for member in members if module_pattern(member) == pattern)
 
 
 def linear_bytes(quant_type: str, n: int, k: int) -> int:

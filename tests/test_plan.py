@@ -12,7 +12,7 @@ from ascendconv.errors import BadOptionError
 from ascendconv.families import EMBEDDING_REASON
 from ascendconv.io.safetensors import TensorEntry, tensor_nbytes
 from ascendconv.sources.hf_fp8_block import pair_fp8_linears
-from ascendconv.decide import SCHEMES, Override, module_pattern, packed_group
+from ascendconv.decide import SCHEMES, Deployment, Override, module_pattern, packed_group
 from ascendconv.options import parse_size
 from ascendconv.plan import assign_shards, files_to_copy, make_plan
 
@@ -390,7 +390,27 @@ def counted(plan) -> tuple[dict[str, int], int, int]:
     return counts, sum(t.nbytes for t in plan.tensors), len(plan.shards)
 
 
+def module_groups_one_by_one(plan) -> list:
+    """Plan.module_groups said plainly: each member's pattern, its types by their first member's name."""
+    patterns: dict[str, dict[str, list]] = {}
+    for group in plan.groups.values():
+        for prefix in group.members:
+            slot = patterns.setdefault(module_pattern(prefix), {}).setdefault(group.written, [0, prefix])
+            slot[0] += 1
+            slot[1] = min(slot[1], prefix)
+    return [
+        (pattern, [(t, slot[0]) for t, slot in sorted(types.items(), key=lambda item: item[1][1])])
+        for pattern, types in sorted(patterns.items())
+    ]
+
+
+def assert_module_groups_are_counted_one_by_one(plan) -> None:
+    found = plan.module_groups()
+    assert [(pattern, list(types.items())) for pattern, types in found.items()] == module_groups_one_by_one(plan)
+
+
 def assert_figures_count_the_tensors(plan) -> None:
+    assert_module_groups_are_counted_one_by_one(plan)
     rows, conversions = plan.shard_rows(), plan.conversion_counts()  # before the plan is placed
     by_pattern = plan.conversion_groups()
     assert (plan.figures.tensors, plan.figures.bytes_out, plan.figures.shards) == counted(plan)
@@ -416,6 +436,27 @@ def test_figures_count_what_the_plan_places(scheme, max_shard_size):
     spec["model.layers.0.self_attn.o_proj.bias"] = ("BF16", (256,))
     spec["model.norm.weight"] = ("F32", (256,))
     assert_figures_count_the_tensors(plan_of(spec, scheme=scheme, max_shard_size=max_shard_size))
+
+
+def test_module_groups_order_a_patterns_types_by_their_first_member_by_name():
+    """Routed experts are counted per projection: MoE layers 10 (aligned) and 2 (misaligned down_proj,
+    falls back) share patterns of two types, 10's first by name; a shared expert placed with the
+    routed ones, and names the rule reads as no routed expert, are counted one by one."""
+    spec = {}
+    for layer, down_k in ((2, 96), (10, 128)):
+        for e in (0, 1, 11):
+            spec.update(fp8(f"model.layers.{layer}.mlp.experts.{e}.gate_proj", down_k, 256))
+            spec.update(fp8(f"model.layers.{layer}.mlp.experts.{e}.up_proj", down_k, 256))
+            spec.update(fp8(f"model.layers.{layer}.mlp.experts.{e}.down_proj", 256, down_k))
+        spec.update(fp8(f"model.layers.{layer}.mlp.shared_expert.gate_proj", 128, 256))
+    spec.update(fp8("model.layers.3.mlp.experts.x1.gate_proj", 128, 256))  # no expert number
+    spec.update(fp8("model.layers.3.mlp.experts.7.gate_proj7", 128, 256))  # no projection the rule knows
+    for scheme in SCHEMES:
+        for deployment in (Deployment(), Deployment(shared_experts_as_routed=True)):
+            plan = plan_of(spec, scheme=scheme, deployment=deployment)
+            assert_module_groups_are_counted_one_by_one(plan)
+    plan = plan_of(spec, scheme="w4a8-mxfp-moe")
+    assert list(plan.module_groups()["model.layers.*.mlp.experts.*.down_proj"]) == ["W4A8_MXFP", "FLOAT"]
 
 
 def test_figures_count_what_a_full_scale_plan_places(tmp_path):
