@@ -550,6 +550,29 @@ def shard_cuts(units: list[int], max_shard_size: int) -> list[int]:
         cuts.append(at)
 
 
+
+def shard_contents(units: list[tuple[int, int, int]], max_shard_size: int) -> list[tuple[int, int]]:
+    """(tensors, bytes) of each shard, cut where shard_cuts cuts the units one by one, from runs of
+    equal units ((bytes of one, its tensors, how many), in write order), a run at a time: a shard
+    takes units while they fit within the limit, and at least one. One empty shard when there is
+    nothing to write."""
+    shards = [[0, 0]]
+    filled = 0  # units in the last shard
+    for nbytes, tensors, count in units:
+        while count:
+            shard = shards[-1]
+            if filled and shard[1] + nbytes > max_shard_size:
+                shard = [0, 0]
+                shards.append(shard)
+                filled = 0
+            fit = count if nbytes == 0 else (max_shard_size - shard[1]) // nbytes
+            taken = min(count, max(fit, 1))
+            shard[0] += taken * tensors
+            shard[1] += taken * nbytes
+            filled += taken
+            count -= taken
+    return [(tensors, nbytes) for tensors, nbytes in shards]
+
 def unquantized_members(
     layout: list[tuple], linears: dict[str, SourceLinear], groups: dict[str, list[str]], rules: ModelRules,
     deployment: Deployment,
@@ -711,45 +734,48 @@ class Planner:
         return member_classes(self.facts, self.groups)
 
     @functools.cached_property
-    def _sizes(self) -> tuple[list, list, list]:
-        """What each layout item's bytes depend on, for `figures`: (the group whose type decides them
-        (None: none does), {written type -> the item's bytes}, one dict per size class of items,
-        whether it is a linear's weight: two tensors, payload and scale, when written MX)."""
-        sizes: dict[tuple, dict[str, int]] = {}
-        item_groups, item_classes = [], []
+    def _runs(self) -> list[tuple[str | None, dict[str, int], bool, int]]:
+        """The layout's items for `figures`, as runs of consecutive items alike: (the group whose type
+        decides their bytes (None: none does), {written type -> an item's bytes}, whether each is a
+        linear's weight: two tensors, payload and scale, when written MX, how many). The routed
+        experts of a MoE layer are one run or a few: per plan, figures work per run, not per item."""
+        kinds: dict[tuple, tuple] = {}  # (group, sizes by value, linear) -> that kind, one object
+        classes: dict[tuple, tuple] = {}  # what an item's sizes follow from -> its kind
+        items = []  # each layout item's kind
+
+        def kind(group: str | None, sizes: dict[str, int], linear: bool) -> tuple:
+            # equal sizes are one kind whatever made them (an expert's down_proj and gate_proj)
+            return kinds.setdefault((group, tuple(sizes.items()), linear), (group, sizes, linear))
+
         facts, linears = self.facts, self.linears
-        linear_keys: dict[tuple, tuple] = {}
         for name, entry, prefix, bias_of in self.layout:
             if prefix is None:
                 if bias_of is None:
-                    item_groups.append(None)
                     key = ("copy", entry.nbytes)
-                    if key not in sizes:
-                        sizes[key] = dict.fromkeys(QUANT_TYPES, entry.nbytes)
+                    if key not in classes:
+                        classes[key] = kind(None, dict.fromkeys(QUANT_TYPES, entry.nbytes), False)
                 else:  # an MX layer's bias is written F32
-                    item_groups.append(self.facts[bias_of].group)
-                    key = ("bias", entry.nbytes, entry.numel)
-                    if key not in sizes:
-                        sizes[key] = dict.fromkeys(QUANT_TYPES, 4 * entry.numel) | {FLOAT: entry.nbytes}
-                item_classes.append(key)
+                    key = ("bias", facts[bias_of].group, entry.nbytes, entry.numel)
+                    if key not in classes:
+                        sizes = dict.fromkeys(QUANT_TYPES, 4 * entry.numel) | {FLOAT: entry.nbytes}
+                        classes[key] = kind(key[1], sizes, False)
+                items.append(classes[key])
                 continue
             # a linear's sizes follow from its facts (shape, native type, group) and whether its FLOAT
             # bytes are the source's: found once per facts object (the experts of a layer share a few)
             fact, copied = facts[prefix], linears[prefix].copied_when_float
-            seen = linear_keys.get((id(fact), copied, entry.nbytes))
-            if seen is None:
+            key = (id(fact), copied, entry.nbytes)
+            found = classes.get(key)
+            if found is None:
                 n, k = fact.shape
-                key = ("linear", n, k, fact.native, entry.nbytes if copied else 2 * n * k)
-                if key not in sizes:
-                    sizes[key] = {FLOAT: key[4]}
-                    for quant_type in QUANT_TYPES:
-                        if quant_type != FLOAT:
-                            made = mx_tensors(quant_type, n, k, fact.native)
-                            sizes[key][quant_type] = made[2] + made[6]
-                seen = linear_keys[(id(fact), copied, entry.nbytes)] = (fact.group, key)
-            item_groups.append(seen[0])
-            item_classes.append(seen[1])
-        return item_groups, list(map(sizes.__getitem__, item_classes)), [key[0] == "linear" for key in item_classes]
+                sizes = {FLOAT: entry.nbytes if copied else 2 * n * k}
+                for quant_type in QUANT_TYPES:
+                    if quant_type != FLOAT:
+                        made = mx_tensors(quant_type, n, k, fact.native)
+                        sizes[quant_type] = made[2] + made[6]
+                found = classes[key] = kind(fact.group, sizes, True)
+            items.append(found)
+        return [(group, sizes, linear, sum(1 for _ in run)) for (group, sizes, linear), run in itertools.groupby(items)]
 
     @gc_paused()
     def place(self, groups: dict[str, GroupDecision], max_shard_size: int) -> tuple[list[OutputTensor], list[ShardPlan]]:
@@ -758,42 +784,38 @@ class Planner:
         return assign_shards(output_tensors(self.tensors, self.linears, written, self.layout, self.added), max_shard_size)
 
     def figures(self, groups: dict[str, GroupDecision], max_shard_size: int) -> PlanFigures:
-        """What `place` makes, counted: tensors per label, bytes and shards, from each layout item's
-        size under its group's type (the branches of output_tensors, a unit per MX payload and its
-        scale), looked up at C speed."""
-        types, units = self._units(groups)
+        """What `place` makes, counted: tensors per label, bytes and shards, from each run of layout
+        items' sizes under its group's type (the branches of output_tensors, a unit per MX payload
+        and its scale)."""
+        units = self._units(groups)
         counts = dict.fromkeys(QUANT_TYPES, 0)
         for group in groups.values():
             if group.written != FLOAT:
                 counts[group.written] += 2 * len(group.members)  # each MX linear: payload and scale
-        counts[FLOAT] = len(units) - sum(counts.values()) // 2
-        shards = len(shard_cuts(units, max_shard_size)) if max_shard_size else 1
-        return PlanFigures(counts, sum(units), shards)
+        counts[FLOAT] = sum(count for _, _, count in units) - sum(counts.values()) // 2
+        shards = len(shard_contents(units, max_shard_size)) if max_shard_size else 1
+        return PlanFigures(counts, sum(nbytes * count for nbytes, _, count in units), shards)
 
-    def _units(self, groups: dict[str, GroupDecision]) -> tuple[list[str], list[int]]:
-        """Each layout item's written type, and the bytes of each unit `assign_shards` places (an
-        item, then each added tensor)."""
-        item_groups, item_sizes, _ = self._sizes
+    def _units(self, groups: dict[str, GroupDecision]) -> list[tuple[int, int, int]]:
+        """The units `assign_shards` places (an item, then each added tensor), as runs of equal ones:
+        (bytes of one, its tensors, how many)."""
         written = {name: group.written for name, group in groups.items()}
         written[None] = FLOAT
-        types = list(map(written.__getitem__, item_groups))
-        units = list(map(dict.__getitem__, item_sizes, types))
-        units += [added_tensor(extra, self.tensors, self.linears).nbytes for extra in self.added]
-        return types, units
+        units = []
+        for group, sizes, linear, count in self._runs:
+            quant_type = written[group]
+            units.append((sizes[quant_type], 2 if linear and quant_type != FLOAT else 1, count))
+        units += [(added_tensor(extra, self.tensors, self.linears).nbytes, 1, 1) for extra in self.added]
+        return units
 
     def count_shards(self, groups: dict[str, GroupDecision], max_shard_size: int) -> list[tuple[str, int, int]]:
         """(file, tensors, bytes) of each shard `place` would make, from the units alone."""
-        types, units = self._units(groups)
-        tensors = [2 if linear and written != FLOAT else 1 for linear, written in zip(self._sizes[2], types)]
-        tensors += [1] * len(self.added)
+        units = self._units(groups)
         if max_shard_size == 0:
-            return [(SINGLE_SHARD_NAME, sum(tensors), sum(units))]
-        cuts = shard_cuts(units, max_shard_size) + [len(units)]
-        total = len(cuts) - 1
-        return [
-            (SHARD_NAME.format(i + 1, total), sum(tensors[cuts[i] : cuts[i + 1]]), sum(units[cuts[i] : cuts[i + 1]]))
-            for i in range(total)
-        ]
+            tensors = sum(each * count for _, each, count in units)
+            return [(SINGLE_SHARD_NAME, tensors, sum(nbytes * count for nbytes, _, count in units))]
+        shards = shard_contents(units, max_shard_size)
+        return [(SHARD_NAME.format(i + 1, len(shards)), tensors, nbytes) for i, (tensors, nbytes) in enumerate(shards)]
 
 
 def make_plan(

@@ -382,6 +382,16 @@ def test_shard_cuts_are_the_greedy_rule(units, limit):
     assert shard_cuts(units, limit) == greedy_cuts(units, limit)
 
 
+
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(1, 2), st.integers(0, 6)), max_size=20), st.integers(1, 50))
+def test_shard_contents_cut_runs_of_units_where_shard_cuts_cuts_them_one_by_one(runs, limit):
+    from ascendconv.plan import shard_contents, shard_cuts
+
+    units = [(nbytes, tensors) for nbytes, tensors, count in runs for _ in range(count)]
+    cuts = shard_cuts([nbytes for nbytes, _ in units], limit) + [len(units)]
+    shards = [units[start:end] for start, end in zip(cuts, cuts[1:])]
+    assert shard_contents(runs, limit) == [(sum(t for _, t in shard), sum(b for b, _ in shard)) for shard in shards]
+
 def counted(plan) -> tuple[dict[str, int], int, int]:
     """(tensors per label, bytes, shards) from the plan's own tensors and shards."""
     counts = dict.fromkeys(plan.figures.tensors, 0)
