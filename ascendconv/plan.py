@@ -333,6 +333,9 @@ class Plan:
     def conversion_counts(self) -> dict[str, int]:
         """MX payloads relaid and requantized, from each MX linear's facts (no tensor is placed)."""
         counts = {RELAID: 0, REQUANTIZED: 0}
+        if not any(map(operator.attrgetter("native"), self.facts.values())):  # no MX source linear: none is relaid
+            counts[REQUANTIZED] = sum(len(group.members) for group in self.groups.values() if group.written != FLOAT)
+            return counts
         for _, kind in self._member_conversions():
             counts[kind] += 1
         return counts
