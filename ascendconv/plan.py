@@ -553,7 +553,6 @@ def shard_cuts(units: list[int], max_shard_size: int) -> list[int]:
         cuts.append(at)
 
 
-
 def shard_contents(units: list[tuple[int, int, int]], max_shard_size: int) -> list[tuple[int, int]]:
     """(tensors, bytes) of each shard, cut where shard_cuts cuts the units one by one, from runs of
     equal units ((bytes of one, its tensors, how many), in write order), a run at a time: a shard
@@ -575,6 +574,7 @@ def shard_contents(units: list[tuple[int, int, int]], max_shard_size: int) -> li
             filled += taken
             count -= taken
     return [(tensors, nbytes) for tensors, nbytes in shards]
+
 
 def unquantized_members(
     layout: list[tuple], linears: dict[str, SourceLinear], groups: dict[str, list[str]], rules: ModelRules,
