@@ -891,3 +891,86 @@ def test_a_filter_of_thousands_of_character_sets_is_refused_not_left_to_hang(tmp
     assert listed.exit_code == 0 and json.loads(listed.stdout)["tensor_list"] == []
     gate = CliRunner().invoke(app, ["inspect", str(FIXTURES / "qwen3-moe-fp8"), "--filter", "[m]odel.[l]ayers.0.mlp.gate.*", "--json"])
     assert [row["name"] for row in json.loads(gate.stdout)["tensor_list"]] == ["model.layers.0.mlp.gate.weight"]
+
+
+# --- the report's tallies of a source's linears, in one pass, against the plain ones ------------
+
+
+def _tally_case(draw):
+    """A source's linears and other tensors, drawn: routed experts (some projections missing, an
+    expert only in an unpaired bias, a layer of nothing else), shared experts, indexers, an MTP
+    layer, and linears of every encoding, weight dtype and scale dtype (or none)."""
+    from ascendconv.io.safetensors import TensorEntry
+    from ascendconv.sources.base import Encoding, SourceLinear
+
+    model_type = draw(st.sampled_from(["deepseek_v32", "qwen3_next", "qwen3_moe"]))
+    layers = draw(st.integers(1, 3))
+    config = {"model_type": model_type, "num_hidden_layers": layers, "num_nextn_predict_layers": 1}
+    mtp = f"model.layers.{layers}" if model_type == "deepseek_v32" else "mtp.layers.0"
+    shared = "shared_experts" if model_type == "deepseek_v32" else "shared_expert"
+    blocks = [f"model.layers.{i}" for i in range(layers)] + draw(st.sampled_from([[], [mtp]]))
+    prefixes = []
+    for block in blocks:
+        prefixes += draw(st.sampled_from([[], [f"{block}.self_attn.q_proj", f"{block}.self_attn.o_proj"]]))
+        prefixes += draw(st.sampled_from([[], [f"{block}.self_attn.indexer.wk"]]))
+        prefixes += draw(st.sampled_from([[], [f"{block}.mlp.{shared}.gate_proj", f"{block}.mlp.{shared}.down_proj"]]))
+        experts = draw(st.integers(0, 5))
+        pairs = [(e, p) for e in range(experts) for p in ("gate_proj", "up_proj", "down_proj")]
+        prefixes += [f"{block}.mlp.experts.{e}.{p}" for e, p in pairs if draw(st.integers(0, 4))]
+    tensors: dict[str, TensorEntry] = {}
+    linears = {}
+
+    def entry(name: str, dtype: str, shape: tuple) -> TensorEntry:
+        tensors[name] = TensorEntry(name, dtype, shape, Path("model.safetensors"), 0, draw(st.integers(1, 9)) * 4096)
+        return tensors[name]
+
+    for prefix in prefixes:
+        encoding = draw(st.sampled_from(list(Encoding)))
+        weight = entry(prefix + ".weight", draw(st.sampled_from(["F8_E4M3", "BF16", "U8"])), (128, 256))
+        scale = None
+        if draw(st.booleans()):
+            scale = entry(prefix + ".weight_scale_inv", draw(st.sampled_from(["F32", "BF16", "F8_E8M0"])), (1, 2))
+        linears[prefix] = SourceLinear(prefix, weight, scale, None, (128, 128), encoding)
+    unpaired = ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"]
+    unpaired += draw(st.sampled_from([[], ["model.layers.0.mlp.experts.9.gate_proj.bias"]]))
+    for name in unpaired:
+        entry(name, draw(st.sampled_from(["BF16", "F32"])), (8,) if "norm" in name or "bias" in name else (64, 128))
+    return config, tensors, linears, unpaired
+
+
+@given(st.data(), st.booleans())
+def test_the_linear_tallies_of_one_pass_are_the_plain_ones(data, shared_as_routed):
+    """inspect's one pass over the linears (a routed expert counted by its layer and projection,
+    its pattern made once) gives the structure, module groups, quant type tally and scale dtypes
+    that module by module and tensor by tensor give."""
+    from collections import Counter
+    from types import SimpleNamespace
+
+    from ascendconv.decide import Deployment
+    from ascendconv.inspect.source import (
+        FP8_BLOCK, MX_SOURCE_LABELS, _labels, _linear_kinds, _scale_dtypes, _source_patterns, _type_tally,
+    )
+    from ascendconv.inspect.summary import _module_groups, _ordered, _structure, _tally
+    from ascendconv.plan import Planner
+
+    config, tensors, linears, unpaired = _tally_case(data.draw)
+    planner = Planner(tensors, linears, [], 0, config, Deployment(shared_experts_as_routed=shared_as_routed))
+    written = {s: {n: g.written for n, g in planner.plan(s).groups.items()} for s in DECIDE_SCHEMES}
+    source = SimpleNamespace(tensors=tensors, linears=linears, unpaired=unpaired)
+    kinds = _linear_kinds(linears, planner.rules, planner.facts)
+
+    assert _structure(unpaired, planner.rules, kinds.others, kinds.routed_layers) == _structure(tensors, planner.rules)
+    modules = {prefix: linear.weight for prefix, linear in linears.items()}
+    for name in unpaired:
+        if name.endswith(".weight") and len(tensors[name].shape) >= 2:
+            modules.setdefault(name[: -len(".weight")], tensors[name])
+    plain: dict[str, Counter] = {}
+    for prefix, weight in modules.items():
+        fact = planner.facts.get(prefix)
+        label = MX_SOURCE_LABELS.get(linears[prefix].encoding, FP8_BLOCK) if prefix in linears else "FLOAT"
+        plain.setdefault(module_pattern(prefix), Counter())[(fact and fact.group, label, weight.dtype)] += 1
+    assert _module_groups(_source_patterns(kinds.kinds, source), written) == _module_groups(plain, written)
+    total = sum(e.nbytes for e in tensors.values())
+    assert _type_tally(kinds.kinds, len(tensors), total) == _tally(tensors, _labels(source).__getitem__)[1]
+    scales = Counter(linear.scale.dtype for linear in linears.values() if linear.scale is not None)
+    assert _scale_dtypes(kinds.kinds) == _ordered(scales)

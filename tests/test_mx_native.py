@@ -598,15 +598,19 @@ def test_inspect_tallies_each_mx_tensor_under_its_label(tmp_path, name):
     """By quant type, inspect counts each linear's weight and scale under its MX label and every
     other tensor FLOAT: the tally over the linears is the tally tensor by tensor; the structure
     from the linears and the other tensors is the structure from every tensor."""
-    from ascendconv.inspect.source import _labels, _type_tally
+    from ascendconv.decide import Deployment
+    from ascendconv.inspect.source import _labels, _linear_kinds, _type_tally
     from ascendconv.inspect.summary import _structure, _tally
     from ascendconv.models import rules_for
+    from ascendconv.plan import Planner
 
     src = open_source(fused_mxfp4(tmp_path) if name == "fused" else make(tmp_path, name))
     try:
         total = sum(e.nbytes for e in src.tensors.values())
-        assert _type_tally(src, total) == _tally(src.tensors, _labels(src).__getitem__)[1]
-        assert set(_type_tally(src, total)) > {"FLOAT"}
+        planner = Planner.for_source(src, Deployment())
+        by_type = _type_tally(_linear_kinds(src.linears, planner.rules, planner.facts).kinds, len(src.tensors), total)
+        assert by_type == _tally(src.tensors, _labels(src).__getitem__)[1]
+        assert set(by_type) > {"FLOAT"}
         # the unpaired tensors the seam's checks hand over: every tensor no linear consumed, in order
         consumed = {t.name for linear in src.linears.values() for t in (linear.weight, linear.scale) if t is not None}
         assert src.unpaired == [n for n in src.tensors if n not in consumed] and src.unpaired

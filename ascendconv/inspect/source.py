@@ -4,6 +4,7 @@ under each scheme (the pure planner run once per scheme) and what vllm-ascend wo
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 from ascendconv.ascendv1 import QUANT_TYPES, RANK
@@ -13,19 +14,19 @@ from ascendconv.inspect.report import CountBytes, Fallback, InspectReport, Schem
 from ascendconv.inspect.summary import (
     FP8_BLOCK,
     _by_bytes,
-    _count,
     _dtype_tally,
-    _groups,
     _model_summary,
+    _module_groups,
+    _ordered,
     _rows,
     _structure,
     natural_key,
 )
 from ascendconv.sources import Encoding, Source, open_source
-from ascendconv.sources.base import WEIGHT_SUFFIX
+from ascendconv.sources.base import WEIGHT_SUFFIX, SourceLinear
 from ascendconv.sources.checkpoint import INDEX_NAME as SOURCE_INDEX_NAME
 from ascendconv.models import ModelRules, heads_problem
-from ascendconv.decide import SCHEMES, Deployment, module_pattern
+from ascendconv.decide import SCHEMES, Deployment, ModuleFacts, module_pattern
 from ascendconv.plan import Plan, Planner
 
 MX_SOURCE_LABELS = {Encoding.MX_E2M1: "MXFP4", Encoding.MX_E4M3: "MXFP8"}
@@ -55,46 +56,33 @@ def inspect_source(root: Path, glob: str | None, deployment: Deployment) -> Insp
                 kept_float=plan.kept_float(),
                 runtime=runtime_notes(plan, shared),
             )
-        # each linear by its weight (an MX source may store `weight_packed`; the package names it
-        # `.weight`), then every other module's 2-D-or-more weight
-        modules = {prefix: linear.weight for prefix, linear in source.linears.items()}
-        unpaired = source.unpaired
-        for name in unpaired:
-            entry = source.tensors[name]
-            if name.endswith(WEIGHT_SUFFIX) and len(entry.shape) >= 2:
-                modules.setdefault(name[: -len(WEIGHT_SUFFIX)], entry)
         rules = planner.rules  # with the MTP layers the names show
-        structure = _structure(unpaired, rules, source.linears)  # a linear's tensors are named after it
+        linears = _linear_kinds(source.linears, rules, planner.facts)
+        # a linear's tensors are named after it: the unpaired names and the linears name every module
+        structure = _structure(source.unpaired, rules, linears.others, linears.routed_layers)
         index = SOURCE_INDEX_NAME if (root / SOURCE_INDEX_NAME).is_file() else None
-        tensor_bytes = sum(e.nbytes for e in source.tensors.values())
+        by_dtype = _dtype_tally(source.tensors)
+        tensor_bytes = sum(tally.bytes for tally in by_dtype.values())
         heads = heads_problem(source.config, deployment.tp)
         return InspectReport(
             kind=source_kind(source.format),
             path=root,
             model=_model_summary(source.config),
-            quantization={
-                **source.quantization,
-                "scale_dtypes": _count(lin.scale.dtype for lin in source.linears.values() if lin.scale is not None),
-            },
+            quantization={**source.quantization, "scale_dtypes": _scale_dtypes(linears.kinds)},
             package=None,
             shards=[ShardInfo(h.path.name, len(h.tensors), h.file_size) for h in source.headers],
             index=index,
             total_bytes=source.total_bytes,
             tensor_bytes=tensor_bytes,
             tensor_count=len(source.tensors),
-            by_dtype=_dtype_tally(source.tensors),
-            by_quant_type=_type_tally(source, tensor_bytes),
+            by_dtype=by_dtype,
+            by_quant_type=_type_tally(linears.kinds, len(source.tensors), tensor_bytes),
             **structure.fields(),
             family=rules.family.label,
             deployment=deployment.to_dict(),
             warnings=[w for w in (rules.warning, heads[0] if heads else None) if w],
             fp8_linears=len(source.linears),
-            groups=_groups(
-                modules,
-                _Labels((p, MX_SOURCE_LABELS.get(lin.encoding, FP8_BLOCK)) for p, lin in source.linears.items()).__getitem__,
-                written,
-                {prefix: fact.group for prefix, fact in planner.facts.items()},
-            ),
+            groups=_module_groups(_source_patterns(linears.kinds, source), written),
             schemes=estimates,
             tensor_filter=glob,
             tensors=_rows(source.tensors, glob, _labels(source).__getitem__) if glob is not None else None,
@@ -111,23 +99,92 @@ def _labels(source: Source) -> _Labels:
     )
 
 
-def _type_tally(source: Source, tensor_bytes: int) -> dict[str, CountBytes]:
+@dataclass
+class _LinearKinds:
+    """A source's linears, from one pass over them (a full-scale source has 94,000, nearly all of
+    them routed experts): `kinds` holds [linears, bytes of their weights and scales, the first one's
+    prefix] per (name key, decision group, encoding, weight dtype, scale dtype or None), the name key
+    being a routed expert's (layer, projection), all of its name but the expert number (which its
+    pattern stars), and any other linear's prefix; `routed_layers` holds each MoE layer's (a prefix
+    of one of its routed experts, their expert numbers); `others`, the prefixes of the other linears."""
+
+    kinds: dict[tuple, list]
+    routed_layers: dict[str, tuple[str, set[str]]]
+    others: list[str]
+
+
+def _linear_kinds(linears: dict[str, SourceLinear], rules: ModelRules, facts: dict[str, ModuleFacts]) -> _LinearKinds:
+    kinds: dict[tuple, list] = {}
+    routed_layers: dict[str, tuple[str, set[str]]] = {}
+    others = []
+    routed_expert = rules.routed_expert
+    for prefix, linear in linears.items():
+        weight, scale = linear.weight, linear.scale
+        expert = routed_expert(prefix)
+        if expert is None:
+            others.append(prefix)
+            name_key = prefix
+        else:
+            layer = expert["layer"]
+            in_layer = routed_layers.get(layer)
+            if in_layer is None:
+                in_layer = routed_layers[layer] = (prefix, set())
+            in_layer[1].add(expert["expert"])
+            name_key = (layer, expert["proj"])
+        nbytes = weight.nbytes if scale is None else weight.nbytes + scale.nbytes
+        key = (name_key, facts[prefix].group, linear.encoding, weight.dtype, None if scale is None else scale.dtype)
+        slot = kinds.get(key)
+        if slot is None:
+            kinds[key] = [1, nbytes, prefix]
+        else:
+            slot[0] += 1
+            slot[1] += nbytes
+    return _LinearKinds(kinds, routed_layers, others)
+
+
+def _source_patterns(kinds: dict[tuple, list], source: Source) -> dict[str, dict[tuple, int]]:
+    """The source's modules by name pattern, tallied by (decision group, source type, dtype) for
+    _module_groups: each linear by its weight (an MX source may store `weight_packed`; the package
+    names it `.weight`), then every other module's 2-D-or-more weight, of no decision group."""
+    patterns: dict[str, dict[tuple, int]] = {}
+
+    def add(prefix: str, key: tuple, count: int) -> None:
+        tally = patterns.setdefault(module_pattern(prefix), {})
+        tally[key] = tally.get(key, 0) + count
+
+    for (_, group, encoding, dtype, _), (count, _, prefix) in kinds.items():
+        add(prefix, (group, MX_SOURCE_LABELS.get(encoding, FP8_BLOCK), dtype), count)
+    for name in source.unpaired:
+        entry = source.tensors[name]
+        if name.endswith(WEIGHT_SUFFIX) and len(entry.shape) >= 2:
+            prefix = name[: -len(WEIGHT_SUFFIX)]
+            if prefix not in source.linears:
+                add(prefix, (None, FLOAT, entry.dtype), 1)
+    return patterns
+
+
+def _scale_dtypes(kinds: dict[tuple, list]) -> dict[str, int]:
+    """Linears per dtype of their scale, of those that have one."""
+    counts: dict[str, int] = {}
+    for (*_, scale_dtype), (count, *_) in kinds.items():
+        if scale_dtype is not None:
+            counts[scale_dtype] = counts.get(scale_dtype, 0) + count
+    return _ordered(counts)
+
+
+def _type_tally(kinds: dict[tuple, list], tensor_count: int, tensor_bytes: int) -> dict[str, CountBytes]:
     """Tensors and bytes per source quant type: each linear's weight and scale under its label
     (_labels), every other tensor FLOAT; counted over the linears, not the tensors."""
     table: dict[str, list[int]] = {}
-    for linear in source.linears.values():
-        label = MX_SOURCE_LABELS.get(linear.encoding, FP8_BLOCK)
+    for (_, _, encoding, _, scale_dtype), (count, nbytes, _) in kinds.items():
+        label = MX_SOURCE_LABELS.get(encoding, FP8_BLOCK)
         slot = table.get(label)
         if slot is None:
             slot = table[label] = [0, 0]
-        if linear.scale is None:
-            slot[0] += 1
-            slot[1] += linear.weight.nbytes
-        else:
-            slot[0] += 2
-            slot[1] += linear.weight.nbytes + linear.scale.nbytes
+        slot[0] += count if scale_dtype is None else 2 * count
+        slot[1] += nbytes
     labelled = [sum(slot[0] for slot in table.values()), sum(slot[1] for slot in table.values())]
-    rest = [len(source.tensors) - labelled[0], tensor_bytes - labelled[1]]
+    rest = [tensor_count - labelled[0], tensor_bytes - labelled[1]]
     if rest[0]:
         slot = table.setdefault(FLOAT, [0, 0])
         slot[0] += rest[0]

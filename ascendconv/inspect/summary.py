@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections import Counter
 from dataclasses import dataclass, field
 
 from ascendconv.ascendv1 import RANK
@@ -91,24 +90,18 @@ class _Structure:
         return dict(self.__dict__)
 
 
-def _structure(names, rules: ModelRules, modules=()) -> _Structure:
+def _structure(names, rules: ModelRules, modules=(), routed_layers=None) -> _Structure:
     """Layers, MoE layers, experts, MTP layers and indexers from tensor names, by the model's rules,
-    and the prefixes of `modules` (whose tensors `names` may leave out)."""
+    and the prefixes of `modules` (whose tensors `names` may leave out). `routed_layers`: MoE layer ->
+    (a routed expert's prefix in it, the expert numbers), routed experts already counted (a source's
+    linears: inspect_source counts them in its one pass over them), which `modules` leaves out."""
     layers: set[str] = set()
     mtp: dict[str, None] = {}
     experts: dict[str, set[str]] = {}
     shared: set[str] = set()
     indexers: set[str] = set()
-    prefixes = {name.rpartition(".")[0] for name in names}  # a module's tensors share a prefix
-    prefixes.update(modules)
-    for prefix in prefixes:
-        routed = rules.routed_expert(prefix)
-        if routed:
-            numbers = experts.get(routed["layer"])
-            if numbers is not None:  # the layer and MTP label of `<layer>.experts.N.<proj>` are its layer's
-                numbers.add(routed["expert"])
-                continue
-            experts[routed["layer"]] = {routed["expert"]}
+
+    def place(prefix: str) -> None:  # the MTP layer, or the decoder layer, that `prefix` is in
         mtp_label = rules.mtp_label(prefix)
         if mtp_label is not None:
             mtp[mtp_label] = None
@@ -116,8 +109,24 @@ def _structure(names, rules: ModelRules, modules=()) -> _Structure:
             layer = _LAYER.search(prefix)
             if layer:
                 layers.add(layer[1])
+
+    # the layer and MTP label of `<layer>.experts.N.<proj>` are its layer's: one prefix says them
+    for layer, (prefix, numbers) in (routed_layers or {}).items():
+        experts[layer] = set(numbers)
+        place(prefix)
+    prefixes = {name.rpartition(".")[0] for name in names}  # a module's tensors share a prefix
+    prefixes.update(modules)
+    for prefix in prefixes:
+        routed = rules.routed_expert(prefix)
         if routed:
+            numbers = experts.get(routed["layer"])
+            if numbers is not None:
+                numbers.add(routed["expert"])
+            else:
+                experts[routed["layer"]] = {routed["expert"]}
+                place(prefix)
             continue
+        place(prefix)
         shared_in = rules.shared_expert_layer(prefix)
         if shared_in is not None:
             shared.add(shared_in)
@@ -142,26 +151,26 @@ def _module_weights(tensors: dict[str, TensorEntry]) -> dict[str, TensorEntry]:
     }
 
 
-def _groups(
-    modules: dict[str, TensorEntry],
-    type_of,
-    scheme_types: dict[str, dict[str, str]] | None = None,
-    group_of: dict[str, str] | None = None,
-) -> list[ModuleGroup]:
-    """Modules by name pattern: counts per source type and dtype, and with `scheme_types` (scheme ->
-    decision group -> written type) and `group_of` (module -> its decision group; a module not in it
-    is FLOAT under every scheme) per scheme. One pass tallies each pattern's modules by (decision
-    group, type, dtype): 100,000 modules, each of seven schemes, fall into a few thousand tallies."""
-    group_get = (group_of or {}).get
+def _groups(modules: dict[str, TensorEntry], type_of) -> list[ModuleGroup]:
+    """Modules by name pattern: counts per type and dtype."""
     patterns: dict[str, dict[tuple, int]] = {}
     for prefix, entry in modules.items():
-        group = group_get(prefix)
         pattern = module_pattern(prefix)
         tally = patterns.get(pattern)
         if tally is None:
             tally = patterns[pattern] = {}
-        key = (group, type_of(prefix) or UNDESCRIBED, entry.dtype)
+        key = (None, type_of(prefix) or UNDESCRIBED, entry.dtype)
         tally[key] = tally.get(key, 0) + 1
+    return _module_groups(patterns)
+
+
+def _module_groups(
+    patterns: dict[str, dict[tuple, int]], scheme_types: dict[str, dict[str, str]] | None = None
+) -> list[ModuleGroup]:
+    """A ModuleGroup per name pattern from its modules tallied by (decision group, type, dtype), and
+    with `scheme_types` (scheme -> decision group -> written type) per scheme; a module of no
+    decision group (None) is FLOAT under every scheme. 100,000 modules, each of seven schemes, fall
+    into a few thousand tallies."""
     groups = []
     for pattern in sorted(patterns, key=natural_key):
         tally = patterns[pattern]
@@ -183,10 +192,6 @@ def _groups(
                 schemes[scheme] = _ordered(counts)
         groups.append(ModuleGroup(pattern, sum(types.values()), _ordered(types), _ordered(dtypes), schemes))
     return groups
-
-
-def _count(values) -> dict[str, int]:
-    return _ordered(Counter(values))
 
 
 def _ordered(counts: dict[str, int]) -> dict[str, int]:
