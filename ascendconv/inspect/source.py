@@ -102,47 +102,54 @@ def _labels(source: Source) -> _Labels:
 @dataclass
 class _LinearKinds:
     """A source's linears, from one pass over them (a full-scale source has 94,000, nearly all of
-    them routed experts): `kinds` holds [linears, bytes of their weights and scales, the first one's
-    prefix] per (name key, decision group, encoding, weight dtype, scale dtype or None), the name key
-    being a routed expert's (layer, projection), all of its name but the expert number (which its
-    pattern stars), and any other linear's prefix; `routed_layers` holds each MoE layer's (a prefix
-    of one of its routed experts, their expert numbers); `others`, the prefixes of the other linears."""
+    them routed experts): `kinds` holds ((name key, decision group, encoding, weight dtype, scale
+    dtype or None), [linears, bytes of their weights and scales, the first one's prefix]) pairs, the
+    name key being a routed expert's projection (with its group, a MoE layer's, all of its name but
+    the expert number, which its pattern stars) and any other linear's prefix; `routed_layers` holds
+    each MoE layer's (a prefix of one of its routed experts, their expert numbers); `others`, the
+    prefixes of the other linears."""
 
-    kinds: dict[tuple, list]
+    kinds: list[tuple[tuple, list]]
     routed_layers: dict[str, tuple[str, set[str]]]
     others: list[str]
 
 
 def _linear_kinds(linears: dict[str, SourceLinear], rules: ModelRules, facts: dict[str, ModuleFacts]) -> _LinearKinds:
-    kinds: dict[tuple, list] = {}
-    routed_layers: dict[str, tuple[str, set[str]]] = {}
+    routed_kinds: dict[tuple, list] = {}
+    other_kinds: dict[tuple, list] = {}
+    # a routed expert's numbers by its decision group, its MoE layer's: one string for the layer's
+    # every expert, its hash kept, where the layer is a string routed_expert makes for each name
+    in_groups: dict[str, tuple[str, set[str]]] = {}
     others = []
     routed_expert = rules.routed_expert
     for prefix, linear in linears.items():
         weight, scale = linear.weight, linear.scale
+        group = facts[prefix].group
         expert = routed_expert(prefix)
         if expert is None:
             others.append(prefix)
-            name_key = prefix
+            kinds, name_key = other_kinds, prefix
         else:
-            layer = expert["layer"]
-            in_layer = routed_layers.get(layer)
-            if in_layer is None:
-                in_layer = routed_layers[layer] = (prefix, set())
-            in_layer[1].add(expert["expert"])
-            name_key = (layer, expert["proj"])
+            in_group = in_groups.get(group)
+            if in_group is None:
+                in_group = in_groups[group] = (prefix, set())
+            in_group[1].add(expert["expert"])
+            kinds, name_key = routed_kinds, expert["proj"]
         nbytes = weight.nbytes if scale is None else weight.nbytes + scale.nbytes
-        key = (name_key, facts[prefix].group, linear.encoding, weight.dtype, None if scale is None else scale.dtype)
+        key = (name_key, group, linear.encoding, weight.dtype, None if scale is None else scale.dtype)
         slot = kinds.get(key)
         if slot is None:
             kinds[key] = [1, nbytes, prefix]
         else:
             slot[0] += 1
             slot[1] += nbytes
-    return _LinearKinds(kinds, routed_layers, others)
+    routed_layers: dict[str, tuple[str, set[str]]] = {}
+    for prefix, numbers in in_groups.values():
+        routed_layers.setdefault(routed_expert(prefix)["layer"], (prefix, set()))[1].update(numbers)
+    return _LinearKinds([*routed_kinds.items(), *other_kinds.items()], routed_layers, others)
 
 
-def _source_patterns(kinds: dict[tuple, list], source: Source) -> dict[str, dict[tuple, int]]:
+def _source_patterns(kinds: list[tuple[tuple, list]], source: Source) -> dict[str, dict[tuple, int]]:
     """The source's modules by name pattern, tallied by (decision group, source type, dtype) for
     _module_groups: each linear by its weight (an MX source may store `weight_packed`; the package
     names it `.weight`), then every other module's 2-D-or-more weight, of no decision group."""
@@ -152,7 +159,7 @@ def _source_patterns(kinds: dict[tuple, list], source: Source) -> dict[str, dict
         tally = patterns.setdefault(module_pattern(prefix), {})
         tally[key] = tally.get(key, 0) + count
 
-    for (_, group, encoding, dtype, _), (count, _, prefix) in kinds.items():
+    for (_, group, encoding, dtype, _), (count, _, prefix) in kinds:
         add(prefix, (group, MX_SOURCE_LABELS.get(encoding, FP8_BLOCK), dtype), count)
     for name in source.unpaired:
         entry = source.tensors[name]
@@ -163,20 +170,20 @@ def _source_patterns(kinds: dict[tuple, list], source: Source) -> dict[str, dict
     return patterns
 
 
-def _scale_dtypes(kinds: dict[tuple, list]) -> dict[str, int]:
+def _scale_dtypes(kinds: list[tuple[tuple, list]]) -> dict[str, int]:
     """Linears per dtype of their scale, of those that have one."""
     counts: dict[str, int] = {}
-    for (*_, scale_dtype), (count, *_) in kinds.items():
+    for (*_, scale_dtype), (count, *_) in kinds:
         if scale_dtype is not None:
             counts[scale_dtype] = counts.get(scale_dtype, 0) + count
     return _ordered(counts)
 
 
-def _type_tally(kinds: dict[tuple, list], tensor_count: int, tensor_bytes: int) -> dict[str, CountBytes]:
+def _type_tally(kinds: list[tuple[tuple, list]], tensor_count: int, tensor_bytes: int) -> dict[str, CountBytes]:
     """Tensors and bytes per source quant type: each linear's weight and scale under its label
     (_labels), every other tensor FLOAT; counted over the linears, not the tensors."""
     table: dict[str, list[int]] = {}
-    for (_, _, encoding, _, scale_dtype), (count, nbytes, _) in kinds.items():
+    for (_, _, encoding, _, scale_dtype), (count, nbytes, _) in kinds:
         label = MX_SOURCE_LABELS.get(encoding, FP8_BLOCK)
         slot = table.get(label)
         if slot is None:
