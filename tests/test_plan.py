@@ -500,6 +500,8 @@ _PAIRING_FAULTS = {  # name -> edit of a spec of three well-formed linears (sfx:
     "per-tensor scale F16": lambda spec, sfx: (spec.pop("m.1.q" + sfx, None), spec.update({"m.1.q.weight_scale": ("F16", ())})),
     "per-tensor scale of two": lambda spec, sfx: (spec.pop("m.1.q" + sfx, None), spec.update({"m.1.q.weight_scale": ("F32", (2,))})),
     "a bias": lambda spec, sfx: spec.update({"m.2.q.bias": ("BF16", (256,))}),
+    "a bias of the linear a per-tensor scale may take": lambda spec, sfx: spec.update({"m.1.q.bias": ("BF16", (256,))}),
+    "an FP8 bias": lambda spec, sfx: spec.update({"m.0.q.bias": ("F8_E4M3", (256,))}),
     "a stray bias": lambda spec, sfx: spec.update({"m.8.bias": ("BF16", (4,))}),
 }
 
