@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from ascendconv.cli import app
@@ -295,6 +297,39 @@ def test_a_name_defined_twice_names_its_first_and_second_shard():
     assert list(merge_headers([one, two], None, Path("i.json"))) == ["x", "y", "z"]
     with pytest.raises(DuplicateTensorError, match=r"tensor 'y' is defined twice: in a.safetensors and in c.safetensors"):
         merge_headers([one, two, three], None, Path("i.json"))
+
+
+_SHARD_FILES = ["a.safetensors", "b.safetensors", "c.safetensors"]
+
+
+@given(
+    st.dictionaries(st.sampled_from("tuvwxyz"), st.sampled_from(_SHARD_FILES), min_size=1),  # name -> its shard
+    st.lists(
+        st.tuples(
+            st.sampled_from("tuvwxyzq"),
+            st.one_of(st.sampled_from(["d.safetensors", None, *_SHARD_FILES]), st.lists(st.just("a"), max_size=1)),
+        ),
+        max_size=3,
+    ),  # index entries changed, added (q) or removed (None)
+)
+def test_the_index_agrees_with_the_headers_exactly_when_it_maps_each_of_their_tensors_to_its_shard(stored, edits):
+    """_index_agrees' grouped check is the plain one: the index is the headers' name -> shard map."""
+    from ascendconv.io.safetensors import SafetensorsHeader, TensorEntry
+    from ascendconv.sources.checkpoint import _index_agrees
+
+    headers = []
+    for file in _SHARD_FILES:
+        path, names = Path(file), [n for n, f in stored.items() if f == file]
+        entries = {n: TensorEntry(n, "BF16", (1,), path, 8 + 2 * i, 2) for i, n in enumerate(names)}
+        headers.append(SafetensorsHeader(path, 8 + 2 * len(names), 8, entries, {}, b""))
+    weight_map = dict(stored)
+    for name, file in edits:
+        if file is None:
+            weight_map.pop(name, None)
+        else:
+            weight_map[name] = file
+    expected = weight_map == {n: h.path.name for h in headers for n in h.tensors}
+    assert _index_agrees(headers, weight_map, len(stored)) is expected
 
 
 # --- static activation scales: one refusal, whatever the format ----------------------------------

@@ -125,6 +125,18 @@ def test_index_that_disagrees_with_the_shards(fixture_copy):
         Source.open(src)
 
 
+@pytest.mark.parametrize("bad", [1, True, None, 1.5, ["a.safetensors"], {"f": 1}, "", "..", "sub/a.safetensors"])
+def test_an_index_mapping_a_tensor_to_no_file_name_names_its_first_such_tensor(tmp_path, bad):
+    from ascendconv.sources.checkpoint import discover_shards
+
+    (tmp_path / "a.safetensors").write_bytes(b"")
+    weight_map = {"x": "a.safetensors", "y": bad, "z": bad, "w": 7}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    with pytest.raises(IndexMismatchError) as caught:
+        discover_shards(tmp_path)
+    assert str(caught.value).startswith(f"{tmp_path / 'model.safetensors.index.json'}: tensor 'y' is mapped to {bad!r}, not to a file name")
+
+
 def test_hf_cache_resolution(tmp_path, monkeypatch):
     cache = tmp_path / "hub"
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))

@@ -4,8 +4,6 @@ modules of this package read their own config keys and pair their own tensors (`
 
 from __future__ import annotations
 
-import itertools
-import operator
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,8 +103,11 @@ def discover_shards(root: Path, index_name: str = INDEX_NAME) -> tuple[list[Path
             raise IndexMismatchError(f"{index_path}: cannot read the index (no weight_map object)")
         # each distinct file once (a full-scale index maps 100,000 tensors to a few dozen files); the
         # first tensor of a bad one is named
-        files = set(weight_map.values()) if all(type(f) is str for f in weight_map.values()) else None
-        if files is None or not all(_is_file_name(f) for f in files):
+        try:
+            files = set(weight_map.values())  # a value that is no string stays in it: none equals a string
+        except TypeError:  # an array or an object
+            files = None
+        if files is None or not all(type(f) is str and _is_file_name(f) for f in files):
             for name, file in weight_map.items():
                 if not isinstance(file, str) or not _is_file_name(file):
                     raise IndexMismatchError(
@@ -171,12 +172,19 @@ def merge_headers(
 
 def _index_agrees(headers: list[SafetensorsHeader], weight_map: dict[str, str], count: int) -> bool:
     """Whether the index maps exactly the shards' `count` tensors, each to its own shard (then
-    merge_headers has nothing to name)."""
-    get = weight_map.get
-    return len(weight_map) == count and all(
-        # operator.eq, not str.__eq__: that says NotImplemented (true) to a name the index lacks
-        all(map(operator.eq, itertools.repeat(header.path.name), map(get, header.tensors))) for header in headers
-    )
+    merge_headers has nothing to name). The index's names are grouped by the file it gives, in its
+    own order, and each group is looked up in that shard's header: a small dict each, where looking
+    every name up in the index (189,000 for Qwen3.5-397B) missed the processor's caches."""
+    if len(weight_map) != count:
+        return False
+    named_in: dict[str, list[str]] = {header.path.name: [] for header in headers}
+    try:
+        for name, file in weight_map.items():
+            named_in[file].append(name)
+    except (KeyError, TypeError):  # a file that is no shard, or no file name at all
+        return False
+    # each group within its shard's names, and as many names in all as the shards hold: the same names
+    return all(all(map(header.tensors.__contains__, named_in[header.path.name])) for header in headers)
 
 
 def in_file_order(headers: list[SafetensorsHeader]) -> bool:
