@@ -14,7 +14,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from ascendconv.errors import HeaderError, TruncatedFileError
-from ascendconv.io.safetensors import NUMPY_DTYPES, TensorReader, read_header
+from ascendconv.io.safetensors import NUMPY_DTYPES, TensorEntry, TensorReader, read_header
 from ascendconv.io.writer import ShardWriter, TensorSpec, encode_header
 
 
@@ -163,3 +163,4 @@ def test_plain_entries_accept_only_what_parse_entry_accepts_and_make_the_same_en
     except HeaderError:
         full = None
     assert plain is None or plain == ({"t": full}, end if begin == 0 else -1)
+    assert plain is None or type(plain[0]["t"]) is TensorEntry  # a plain tuple of the fields would be equal
