@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from conftest import FIXTURES, load_shard, write_large_checkpoint
 from robust_helpers import (
@@ -751,6 +753,14 @@ def test_json_nesting_of_real_files_is_far_below_the_bound():
 
     for path in FIXTURES.rglob("*.json"):
         assert json_depth(json.loads(path.read_text())) <= 6 < MAX_JSON_DEPTH, path
+
+
+@given(st.lists(st.sampled_from([b"{", b"[", b"}", b"a", b"\"", b"{["]), max_size=40).map(b"".join), st.integers(0, 12))
+def test_more_brackets_than_counts_both_openers_against_the_limit(data, limit):
+    """The early-stopping search says what counting every '{' and '[' says."""
+    from ascendconv.io.files import more_brackets_than
+
+    assert more_brackets_than(data, limit) == (data.count(b"{") + data.count(b"[") > limit)
 
 
 def test_output_under_a_file_is_refused(fixture_copy, tmp_path):

