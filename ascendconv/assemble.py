@@ -36,6 +36,7 @@ from ascendconv.io.hfcache import local_directory
 from ascendconv.io.outdir import OutputLock, StagedOutput, check_output, interruptible
 from ascendconv.io.output import check_free_space, check_output_path, existing_ancestor, output_errors, space_needed
 from ascendconv.io.checksum import CHECKSUM, hashed_file
+from ascendconv.io.threads import threads_started
 from ascendconv.io.files import COPY_CHUNK, copy_regular, create_new, created_mode, file_size, is_text, is_within, open_regular, read_json_object
 from ascendconv.parts import PART_FORMAT, assign_parts
 from ascendconv.ascendv1 import DESCRIPTION_NAME, PART_MANIFEST_NAME, PROVENANCE_NAME
@@ -166,7 +167,9 @@ def check_files(
             raise PartError(f"{exc.message} in {job[0].label}", "a part's shards are the regular files convert wrote") from None
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        for checked, ((part, name, want), (got, status)) in enumerate(zip(jobs, pool.map(digest_of, jobs)), 1):
+        with threads_started(workers_option=False):  # map submits every job at once, starting the pool's threads
+            digests = pool.map(digest_of, jobs)
+        for checked, ((part, name, want), (got, status)) in enumerate(zip(jobs, digests), 1):
             if got != want:
                 state = (
                     f"is not in {part.directory}, though {part.label}'s manifest lists it"

@@ -220,12 +220,12 @@ PIPELINE_THREADS = {
 }
 
 
-@pytest.mark.parametrize("thread", PIPELINE_THREADS)
-@pytest.mark.parametrize("limit", ["address space", "processes"])
-def test_a_pipeline_thread_that_cannot_start_is_the_named_limit_and_nothing_is_written(tmp_path, monkeypatch, thread, limit):
-    """Under `ulimit -v 500000` or `650000` (here) a convert of the dense fixture ended in a traceback,
-    'RuntimeError: can't start new thread', exit 1, from the reader's start or the pool's submit;
-    under `ulimit -u 6` as a user other than root, the same from the source hasher's."""
+THREAD_LIMITS = ["address space", "processes"]
+
+
+def thread_limit_in_effect(monkeypatch, limit: str) -> None:
+    """The limit the named error finds for a thread that did not start: `ulimit -v 500000`, too small
+    for its stack, or `ulimit -u 6` with 6 of this user's processes and threads running."""
     from ascendconv.io import threads
 
     if limit == "address space":
@@ -235,10 +235,17 @@ def test_a_pipeline_thread_that_cannot_start_is_the_named_limit_and_nothing_is_w
         monkeypatch.setattr(threads, "address_space_limit", lambda: None)
         monkeypatch.setattr(threads, "process_limit", lambda: 6)
         monkeypatch.setattr(threads, "user_threads", lambda uid: 6)
-    failing_start(monkeypatch, PIPELINE_THREADS[thread])
-    result = runner.invoke(app, ["convert", str(DENSE), str(tmp_path / "out"), "--workers", "2", "--json"])
+
+
+def assert_thread_limit_named(result, command: str, limit: str, fewer_workers: str) -> None:
+    """`command --json` ended with exit 4 and the envelope of the limit `thread_limit_in_effect` set;
+    `fewer_workers` ends the hint (", or use fewer --workers" where the command has that option)."""
+    from ascendconv.io import threads
+
     assert result.exit_code == 4, result.output
+    assert "Traceback" not in result.output
     error = json.loads(result.stdout)
+    assert (error["ok"], error["command"], error["exit_code"]) == (False, command, 4)
     stack = threads.thread_stack_bytes() / 2**20
     if limit == "address space":
         assert error["error"] == "OutOfMemoryError"
@@ -246,14 +253,81 @@ def test_a_pipeline_thread_that_cannot_start_is_the_named_limit_and_nothing_is_w
             "cannot start another thread: this process's address-space limit (ulimit -v 500000: 488.3 MiB) leaves no "
             f"room for its {stack:.1f} MiB stack"
         )
-        assert error["hint"] == "raise the limit (ulimit -v unlimited, or higher), or use fewer --workers"
+        assert error["hint"] == f"raise the limit (ulimit -v unlimited, or higher){fewer_workers}"
     else:
         assert error["error"] == "TooManyThreadsError"
         assert error["message"] == (
             "cannot start another thread: this user may run 6 processes and threads at once (ulimit -u 6), and 6 are running"
         )
-        assert error["hint"] == "raise the limit (ulimit -u), or use fewer --workers"
+        assert error["hint"] == f"raise the limit (ulimit -u){fewer_workers}"
+
+
+@pytest.mark.parametrize("thread", PIPELINE_THREADS)
+@pytest.mark.parametrize("limit", THREAD_LIMITS)
+def test_a_pipeline_thread_that_cannot_start_is_the_named_limit_and_nothing_is_written(tmp_path, monkeypatch, thread, limit):
+    """Under `ulimit -v 500000` or `650000` (here) a convert of the dense fixture ended in a traceback,
+    'RuntimeError: can't start new thread', exit 1, from the reader's start or the pool's submit;
+    under `ulimit -u 6` as a user other than root, the same from the source hasher's."""
+    thread_limit_in_effect(monkeypatch, limit)
+    failing_start(monkeypatch, PIPELINE_THREADS[thread])
+    result = runner.invoke(app, ["convert", str(DENSE), str(tmp_path / "out"), "--workers", "2", "--json"])
+    assert_thread_limit_named(result, "convert", limit, ", or use fewer --workers")
     assert list(tmp_path.iterdir()) == []  # no OUT, no staging, no lock
+
+
+def is_read_ahead(thread) -> bool:
+    return thread.name == "ascendconv-read-ahead"
+
+
+def is_pool_worker(thread) -> bool:
+    return thread.name.startswith("ThreadPoolExecutor")
+
+
+VERIFY_THREADS = {  # the options that start it, and the thread
+    "shard hash read-ahead": ([], is_read_ahead),
+    "source comparison worker": (["--source", str(DENSE)], is_pool_worker),
+}
+
+
+@pytest.mark.parametrize("thread", VERIFY_THREADS)
+@pytest.mark.parametrize("limit", THREAD_LIMITS)
+def test_a_verify_thread_that_cannot_start_is_the_named_limit(converted, monkeypatch, thread, limit):
+    """verify ended in a traceback, 'RuntimeError: can't start new thread', exit 1, where the thread
+    that reads a shard ahead of its hash or a worker comparing it with --source could not start. Its
+    hint offers no fewer --workers: verify has no such option."""
+    pkg = converted("qwen3-dense-fp8")
+    options, fails = VERIFY_THREADS[thread]
+    thread_limit_in_effect(monkeypatch, limit)
+    failing_start(monkeypatch, fails)
+    result = runner.invoke(app, ["verify", str(pkg), *options, "--json"])
+    assert_thread_limit_named(result, "verify", limit, "")
+
+
+@pytest.fixture(scope="module")
+def dense_part(tmp_path_factory):
+    """The dense fixture converted as part 1/1: all there is to assemble."""
+    from ascendconv.convert import ConvertOptions, convert
+
+    part = tmp_path_factory.mktemp("part") / "p1"
+    convert(DENSE, part, ConvertOptions(part=(1, 1)))
+    return part
+
+
+ASSEMBLE_THREADS = {"shard hash worker": is_pool_worker, "shard hash read-ahead": is_read_ahead}
+
+
+@pytest.mark.parametrize("thread", ASSEMBLE_THREADS)
+@pytest.mark.parametrize("limit", THREAD_LIMITS)
+def test_an_assemble_thread_that_cannot_start_is_the_named_limit_and_nothing_is_written(
+    dense_part, tmp_path, monkeypatch, thread, limit
+):
+    """assemble ended in a traceback, 'RuntimeError: can't start new thread', exit 1, where a worker
+    checking the parts' shards, or the thread reading a shard ahead of its hash, could not start."""
+    thread_limit_in_effect(monkeypatch, limit)
+    failing_start(monkeypatch, ASSEMBLE_THREADS[thread])
+    result = runner.invoke(app, ["assemble", str(tmp_path / "pkg" / "out"), str(dense_part), "--json"])
+    assert_thread_limit_named(result, "assemble", limit, "")
+    assert list(tmp_path.iterdir()) == []  # no OUT, no staging, no lock, not even OUT's parent
 
 
 def test_a_thread_that_cannot_start_under_no_limit_names_the_system_s(monkeypatch):
@@ -268,6 +342,8 @@ def test_a_thread_that_cannot_start_under_no_limit_names_the_system_s(monkeypatc
         "cannot start another thread: the system refused it, and no limit of this process is what stopped it; "
         "the system's threads-max (sysctl kernel.threads-max) or a cgroup's pids.max may be reached"
     )
+    assert error.hint == "raise the limit that is reached, or use fewer --workers"
+    assert threads.thread_limit_error(workers_option=False).hint == "raise the limit that is reached"
 
 
 def test_only_can_t_start_new_thread_is_taken_for_a_limit():
@@ -316,3 +392,56 @@ def test_a_real_address_space_limit_too_small_for_a_thread_s_stack_is_named(tmp_
     assert message.startswith(
         f"cannot start another thread: this process's address-space limit (ulimit -v {limit // 1024}: "
     ) and message.endswith(" MiB stack")
+
+
+THREADS_LIMITED = """
+import resource, sys, threading
+import numpy, ascendconv.verify, ascendconv.assemble, ascendconv.cli.verify, ascendconv.cli.assemble
+from ascendconv.cli import app
+if sys.argv[1] == "processes":  # one process and no thread more for this user
+    resource.setrlimit(resource.RLIMIT_NPROC, (1, resource.getrlimit(resource.RLIMIT_NPROC)[1]))
+else:  # a thread's stack the limit cannot hold, where all else the command maps fits
+    threading.stack_size(1024 * 2**20)
+    size = int(next(l.split()[1] for l in open("/proc/self/status") if l.startswith("VmSize:"))) * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (size + 512 * 2**20, size + 512 * 2**20))
+app(sys.argv[2:])
+"""
+
+THREADS_OF = {  # the arguments after the package or part (assemble: OUT first), and the thread that does not start
+    "verify": ["--json"],  # the shard hash's read-ahead
+    "verify --source": ["--source", str(DENSE), "--no-checksums", "--json"],  # a comparison worker
+    "assemble": ["--json"],  # a worker hashing the part's shards
+}
+
+
+# Not verify --source under `ulimit -u 1`: it hashes the source's sampled windows before its workers
+# start, and BLAKE3's own thread pool (Rust's, not CPython's) cannot start either, a panic of blake3.
+REAL_THREAD_LIMITS = [(limit, command) for limit in THREAD_LIMITS for command in THREADS_OF
+                      if (limit, command) != ("processes", "verify --source")]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS and /proc/self/status are Linux's")
+@pytest.mark.parametrize(("limit", "command"), REAL_THREAD_LIMITS)
+def test_verify_and_assemble_under_a_real_thread_limit_fail_named(converted, dense_part, tmp_path, limit, command):
+    """The same commands in a process under a real `ulimit -v` (with a stack it cannot hold) or
+    `ulimit -u 1`: a traceback and exit 1 before. The kernel holds root to no `ulimit -u`."""
+    if limit == "processes" and os.getuid() == 0:
+        pytest.skip("root is held to no limit of processes (ulimit -u)")
+    out = tmp_path / "pkg" / "out"
+    given = [str(out), str(dense_part)] if command == "assemble" else [str(converted("qwen3-dense-fp8"))]
+    done = subprocess.run([sys.executable, "-c", THREADS_LIMITED, limit, command.split()[0], *given, *THREADS_OF[command]],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "MALLOC_ARENA_MAX": "1"})
+    assert done.returncode == 4 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    error = json.loads(done.stdout)
+    assert (error["command"], error["exit_code"]) == (command.split()[0], 4)
+    if limit == "address space":
+        assert error["error"] == "OutOfMemoryError"
+        assert error["message"].startswith("cannot start another thread: this process's address-space limit (ulimit -v ")
+        assert error["message"].endswith(" leaves no room for its 1024.0 MiB stack")
+        assert error["hint"] == "raise the limit (ulimit -v unlimited, or higher)"
+    else:
+        assert error["error"] == "TooManyThreadsError"
+        assert error["message"].startswith(
+            "cannot start another thread: this user may run 1 processes and threads at once (ulimit -u 1), and ")
+        assert error["hint"] == "raise the limit (ulimit -u)"
+    assert not (tmp_path / "pkg").exists()

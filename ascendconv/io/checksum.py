@@ -102,7 +102,11 @@ class _PiecesAhead:
         self._thread = threading.Thread(target=self._prepare, name="ascendconv-read-ahead", daemon=True)
 
     def __enter__(self) -> _PiecesAhead:
-        self._thread.start()
+        from ascendconv.io.threads import threads_started
+
+        # hashed by verify, assemble and convert --resume's background re-read: no --workers to offer
+        with threads_started(workers_option=False):
+            self._thread.start()
         return self
 
     def __iter__(self):

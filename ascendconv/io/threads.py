@@ -1,4 +1,4 @@
-"""Threads the convert pipeline starts, and which limit it is when one cannot start.
+"""Threads the commands start, and which limit it is when one cannot start.
 
 CPython says only "can't start new thread" (a RuntimeError) for whatever pthread_create refused
 (EAGAIN): an address space too small for another thread's stack (ulimit -v) and this user's count
@@ -25,25 +25,28 @@ FEWER_WORKERS = "or use fewer --workers"
 
 
 @contextlib.contextmanager
-def threads_started() -> Iterator[None]:
-    """Raise the named error of the limit in effect for a thread the block could not start."""
+def threads_started(workers_option: bool = True) -> Iterator[None]:
+    """Raise the named error of the limit in effect for a thread the block could not start.
+    `workers_option`: the command has --workers, which the hint then offers (verify and assemble
+    have none)."""
     try:
         yield
     except RuntimeError as exc:
         if str(exc) != CANNOT_START:
             raise
-        raise thread_limit_error() from exc
+        raise thread_limit_error(workers_option) from exc
 
 
-def thread_limit_error() -> OutOfMemoryError | TooManyThreadsError:
+def thread_limit_error(workers_option: bool = True) -> OutOfMemoryError | TooManyThreadsError:
     """The named error for a thread that did not start, naming the limit that stopped it."""
+    fewer = f", {FEWER_WORKERS}" if workers_option else ""
     address_space = address_space_limit()
     stack = thread_stack_bytes()
     if address_space is not None and not mappable(stack):
         return OutOfMemoryError(
             f"cannot start another thread: {address_space_words(address_space)} leaves no room for its "
             f"{stack / 2**20:.1f} MiB stack",
-            f"raise the limit (ulimit -v unlimited, or higher), {FEWER_WORKERS}",
+            f"raise the limit (ulimit -v unlimited, or higher){fewer}",
         )
     processes = process_limit()
     if processes is not None:
@@ -52,7 +55,7 @@ def thread_limit_error() -> OutOfMemoryError | TooManyThreadsError:
             return TooManyThreadsError(
                 f"cannot start another thread: this user may run {processes} processes and threads at once "
                 f"(ulimit -u {processes})" + (f", and {running} are running" if running is not None else ""),
-                f"raise the limit (ulimit -u), {FEWER_WORKERS}",
+                f"raise the limit (ulimit -u){fewer}",
             )
     limits = [f"ulimit -v {address_space // 1024}"] if address_space is not None else []
     limits += [f"ulimit -u {processes}"] if processes is not None else []
@@ -60,7 +63,7 @@ def thread_limit_error() -> OutOfMemoryError | TooManyThreadsError:
         "cannot start another thread: the system refused it, and no limit of this process"
         + (f" ({', '.join(limits)})" if limits else "") + " is what stopped it; the system's threads-max "
         "(sysctl kernel.threads-max) or a cgroup's pids.max may be reached",
-        f"raise the limit that is reached, {FEWER_WORKERS}",
+        f"raise the limit that is reached{fewer}",
     )
 
 

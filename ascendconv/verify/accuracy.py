@@ -354,10 +354,14 @@ def _ordered_map(function, items: list, workers: int) -> Iterator[tuple]:
     2 x workers results in flight (memory stays bounded)."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from ascendconv.io.threads import threads_started
+
     with ThreadPoolExecutor(max_workers=workers) as pool:
         pending: collections.deque = collections.deque()
         for item in items:
-            pending.append((item, pool.submit(function, item)))
+            with threads_started(workers_option=False):  # the pool starts its threads as work is submitted
+                future = pool.submit(function, item)
+            pending.append((item, future))
             while len(pending) >= 2 * workers:
                 item_done, future = pending.popleft()
                 yield item_done, future.result()
