@@ -70,7 +70,8 @@ def verify_command(
     """Check that a package will load on vllm-ascend and, with --source, how close it is to its source.
 
     Exit code 0: every check passed; 1: a check failed; 2: usage error; 3: unreadable package or source;
-    4: a check asked for cannot run here (--on-npu without an Ascend 950), or stdout cannot be written.
+    4: a check asked for cannot run here (--on-npu without an Ascend 950), stdout cannot be written, or
+    memory or threads ran out (a ulimit).
     --quiet prints only failed checks and the verdict; --json prints the object docs/verify.md describes.
     """
     from ascendconv.cli.render.verify import render_verify
