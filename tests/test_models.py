@@ -614,3 +614,44 @@ def test_num_nextn_predict_layers_that_is_no_count_is_refused(value):
     with pytest.raises(ConfigError) as caught:
         rules_for({**GLM, "num_nextn_predict_layers": value})
     assert caught.value.message.startswith(f"config.json's num_nextn_predict_layers is {value!r} ")
+
+
+_EXPERT_NAME = re.compile(r"^(.+)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+
+
+def plain_moe_layers(names: list[str]) -> dict:
+    """moe_layers worked out name by name: the reference its shortcut for an expert's adjacent
+    projections is held to."""
+    layers: dict = {}
+    for name in names:
+        match = _EXPERT_NAME.match(name)
+        if match and len(match[2]) <= 9:
+            layers.setdefault(match[1], {}).setdefault(int(match[2]), {})[match[3]] = name
+    order = lambda layer: [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", layer)]  # noqa: E731
+    return {layer: layers[layer] for layer in sorted(layers, key=order)}
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["model.layers.1.mlp", "model.layers.10.mlp", "model.layers.2.mlp"]),
+            st.sampled_from(["0", "1", "01", "7", "1234567890"]),
+            st.lists(st.sampled_from(["gate_proj", "up_proj", "down_proj", "o_proj"]), min_size=1, max_size=4),
+        ),
+        max_size=12,
+    ),
+    st.booleans(),
+)
+def test_moe_layers_is_the_name_by_name_reading(experts, dense_between):
+    """Adjacent projections of one expert (found once for all three), the same expert met again
+    later, expert numbers spelled two ways, too many digits, and other modules between them."""
+    from ascendconv.io.rules import moe_layers
+
+    names = []
+    for layer, expert, projections in experts:
+        names += [f"{layer}.experts.{expert}.{proj}.weight" for proj in projections]
+        if dense_between:
+            names.append(f"{layer}.shared_expert.up_proj.weight")
+    config = {"model_type": "qwen3_moe"}
+    assert moe_layers(names, config) == plain_moe_layers(names)
+    assert moe_layers(names, config) == plain_moe_layers(names)  # the routed-expert memo's matches

@@ -57,20 +57,29 @@ def _moe_layers(prefixes: list[str], config: dict | None) -> dict[str, dict[int,
     role_of = rules.expert_role
     numbers: dict[str, int] = {}  # a few hundred expert numbers, each spelled by a hundred layers
     layers: dict[str, dict[int, dict[str, str]]] = {}
+    last_layer = last_expert = roles_of = None  # the expert met last, and its roles (None: passed over)
     for prefix, match in zip(prefixes, rules.routed_experts(prefixes)):
-        if match is None or len(match["expert"]) > MAX_EXPERT_DIGITS:
+        if match is None:
             continue
-        layer = layers.get(match["layer"])
-        if layer is None:
-            layer = layers[match["layer"]] = {}
-        expert = match["expert"]
-        number = numbers.get(expert)
-        if number is None:
-            number = numbers[expert] = int(expert)
-        roles_of = layer.get(number)
-        if roles_of is None:
-            roles_of = layer[number] = {}
-        roles_of[role_of(match["proj"])] = prefix + ".weight"
+        layer_name, expert = match["layer"], match["expert"]
+        # an expert's projections are listed together and their matches share the layer and expert
+        # strings (routed_experts parses the module once): its roles are found once for all three
+        if expert is not last_expert or layer_name is not last_layer:
+            last_layer, last_expert = layer_name, expert
+            if len(expert) > MAX_EXPERT_DIGITS:
+                roles_of = None
+                continue
+            layer = layers.get(layer_name)
+            if layer is None:
+                layer = layers[layer_name] = {}
+            number = numbers.get(expert)
+            if number is None:
+                number = numbers[expert] = int(expert)
+            roles_of = layer.get(number)
+            if roles_of is None:
+                roles_of = layer[number] = {}
+        if roles_of is not None:
+            roles_of[role_of(match["proj"])] = prefix + ".weight"
 
     def order(layer: str):
         return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", layer)]
