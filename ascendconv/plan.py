@@ -765,13 +765,14 @@ class Planner:
                 items.append(classes[key])
                 continue
             # a linear's sizes follow from its facts (shape, native type, group) and whether its FLOAT
-            # bytes are the source's: found once per facts object (the experts of a layer share a few)
-            fact, copied = facts[prefix], linears[prefix].copied_when_float
-            key = (id(fact), copied, entry.nbytes)
+            # bytes are the source's (its encoding says): found once per facts object and encoding
+            # (the experts of a layer share a few)
+            fact, linear = facts[prefix], linears[prefix]
+            key = (id(fact), linear.encoding, entry.nbytes)
             found = classes.get(key)
             if found is None:
                 n, k = fact.shape
-                sizes = {FLOAT: entry.nbytes if copied else 2 * n * k}
+                sizes = {FLOAT: entry.nbytes if linear.copied_when_float else 2 * n * k}
                 for quant_type in QUANT_TYPES:
                     if quant_type != FLOAT:
                         made = mx_tensors(quant_type, n, k, fact.native)
