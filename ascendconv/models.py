@@ -257,7 +257,8 @@ class ModelRules:
         return re.compile("|".join(re.escape(p) for p in sorted(self._mtp_layers, key=len, reverse=True)))
 
     @cached_property
-    def _roles(self) -> dict[str, str]:
+    def expert_roles(self) -> dict[str, str]:
+        """A routed expert's projection name -> gate_proj / up_proj / down_proj (expert_role of each)."""
         return {proj: GATE_UP_DOWN[i] for names in self.family.expert_projections for i, proj in enumerate(names)}
 
     @cached_property
@@ -270,7 +271,7 @@ class ModelRules:
 
     def expert_role(self, proj: str) -> str:
         """A routed expert's projection as gate_proj / up_proj / down_proj, whatever the family names it."""
-        return self._roles[proj]
+        return self.expert_roles[proj]
 
     @cached_property
     def _routed_memo(self) -> dict:

@@ -54,7 +54,7 @@ def moe_layers(names: Iterable[str], config: dict | None = None) -> dict[str, di
 def _moe_layers(prefixes: list[str], config: dict | None) -> dict[str, dict[int, dict[str, str]]]:
     """moe_layers of the modules `prefixes` (the names of their weights less '.weight')."""
     rules = rules_for(config if isinstance(config, dict) else None)
-    role_of = rules.expert_role
+    role_of = rules.expert_roles  # a dict, not expert_role: one lookup per projection, not a call
     numbers: dict[str, int] = {}  # a few hundred expert numbers, each spelled by a hundred layers
     layers: dict[str, dict[int, dict[str, str]]] = {}
     last_layer = last_expert = roles_of = None  # the expert met last, and its roles (None: passed over)
@@ -79,7 +79,7 @@ def _moe_layers(prefixes: list[str], config: dict | None) -> dict[str, dict[int,
             if roles_of is None:
                 roles_of = layer[number] = {}
         if roles_of is not None:
-            roles_of[role_of(match["proj"])] = prefix + ".weight"
+            roles_of[role_of[match["proj"]]] = prefix + ".weight"
 
     def order(layer: str):
         return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", layer)]
