@@ -133,7 +133,8 @@ def paired_names(linears: dict) -> set[str]:
     """The tensors a source's format paired into its linears (`linears`: module prefix ->
     sources.SourceLinear): each one's weight and scale."""
     paired = {linear.weight.name for linear in linears.values()}
-    paired.update(linear.scale.name for linear in linears.values() if linear.scale is not None)
+    # a list, not a generator: set.update reads it at C speed (94,000 scales at full scale)
+    paired.update([linear.scale.name for linear in linears.values() if linear.scale is not None])
     return paired
 
 
