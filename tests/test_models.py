@@ -655,3 +655,48 @@ def test_moe_layers_is_the_name_by_name_reading(experts, dense_between):
     config = {"model_type": "qwen3_moe"}
     assert moe_layers(names, config) == plain_moe_layers(names)
     assert moe_layers(names, config) == plain_moe_layers(names)  # the routed-expert memo's matches
+
+
+@given(
+    st.permutations(
+        [*fp8("model.layers.0.self_attn.q_proj", 128, 128), *fp8("model.layers.0.mlp.down_proj", 128, 128),
+         "model.norm.weight", "model.layers.0.input_layernorm.weight", "lm_head.bias", "version", "metadata"]
+    ),
+    st.sets(st.sampled_from(["version", "metadata"])),
+)
+def test_check_source_tensors_looks_at_the_unpaired_tensors_in_source_order(order, fields):
+    """The unpaired tensors (found at C speed) are returned in source order; a tensor named like a
+    field of the description is refused, the first one in source order."""
+    from ascendconv.errors import UnsupportedTensorError
+    from ascendconv.io.rules import check_source_tensors
+    from ascendconv.sources.hf_fp8_block import pair_fp8_linears
+    from pathlib import Path
+
+    from test_plan import BLOCK
+
+    spec = {**fp8("model.layers.0.self_attn.q_proj", 128, 128), **fp8("model.layers.0.mlp.down_proj", 128, 128)}
+    names = [n for n in order if n not in {"version", "metadata"} - fields]
+    tensors = entries({n: spec.get(n, ("BF16", (128,))) for n in names})
+    linears = pair_fp8_linears(tensors, BLOCK)
+    if fields:
+        first = next(n for n in names if n in fields)
+        with pytest.raises(UnsupportedTensorError, match=f"tensor '{first}' has the name of a field"):
+            check_source_tensors(Path("src"), tensors, linears, {})
+    else:
+        paired = {name for linear in linears.values() for name in (linear.weight.name, linear.scale.name)}
+        assert check_source_tensors(Path("src"), tensors, linears, {}) == [n for n in names if n not in paired]
+
+
+def test_check_source_tensors_refuses_a_paired_tensor_named_like_a_description_field():
+    """Not only unpaired tensors: a linear's own weight or scale of such a name is refused too (a
+    hand-made pairing; no format pairs a dotless name), before a later unpaired one is looked at."""
+    from pathlib import Path
+
+    from ascendconv.errors import UnsupportedTensorError
+    from ascendconv.io.rules import check_source_tensors
+    from ascendconv.sources.base import Encoding, SourceLinear
+
+    tensors = entries({"model.norm.weight": ("BF16", (128,)), "version": ("BF16", (128, 128)), "x.weight": ("F32", (8,))})
+    linears = {"v": SourceLinear("v", tensors["version"], None, None, None, Encoding.FLOAT)}
+    with pytest.raises(UnsupportedTensorError, match="tensor 'version' has the name of a field"):
+        check_source_tensors(Path("src"), tensors, linears, {})

@@ -7,6 +7,7 @@ accepts gives a package its own `verify` accepts.
 
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 from typing import Iterable
@@ -146,11 +147,11 @@ def check_source_tensors(root: Path, tensors: dict[str, TensorEntry], linears: d
     if not tensors:
         raise UnrecognizedCheckpointError(f"{root}: the weight files hold no tensors", "the checkpoint is empty or damaged")
     paired = paired_names(linears)
-    # set operations first (a full-scale source has a few hundred thousand tensors, nearly all paired),
-    # then the rest in source order, so that the first offending tensor is named
-    unpaired = tensors.keys() - paired
-    odd = unpaired | (tensors.keys() & DESCRIPTION_FIELDS)
-    odd_names = [n for n in tensors if n in odd] if odd else []
+    # the few tensors to look at found at C speed first (a full-scale source has a few hundred thousand,
+    # nearly all paired), then each in source order, so that the first offending tensor is named
+    odd_names = list(itertools.filterfalse(paired.__contains__, tensors))  # the unpaired ones
+    if tensors.keys() & DESCRIPTION_FIELDS:
+        odd_names = [n for n in tensors if n not in paired or n in DESCRIPTION_FIELDS]
     for name in odd_names:
         entry = tensors[name]
         if name in DESCRIPTION_FIELDS:
@@ -206,7 +207,7 @@ def check_source_tensors(root: Path, tensors: dict[str, TensorEntry], linears: d
             )
     # over the names the package gives them: a linear's weight is `<prefix>.weight` (an MX weight
     # stored as `weight_packed` too), every other tensor keeps its name
-    modules = [*linears, *(n[: -len(".weight")] for n in odd_names if n in unpaired and n.endswith(".weight"))]
+    modules = [*linears, *(n[: -len(".weight")] for n in odd_names if n not in paired and n.endswith(".weight"))]
     layers = _moe_layers(modules, config)
     odd = _odd_count_problem(layers, config)
     if odd:
