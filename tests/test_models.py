@@ -645,7 +645,7 @@ def plain_moe_layers(names: list[str]) -> dict:
 def test_moe_layers_is_the_name_by_name_reading(experts, dense_between):
     """Adjacent projections of one expert (found once for all three), the same expert met again
     later, expert numbers spelled two ways, too many digits, and other modules between them."""
-    from ascendconv.io.rules import moe_layers
+    from ascendconv.io.rules import _moe_layers, moe_layers
 
     names = []
     for layer, expert, projections in experts:
@@ -655,6 +655,11 @@ def test_moe_layers_is_the_name_by_name_reading(experts, dense_between):
     config = {"model_type": "qwen3_moe"}
     assert moe_layers(names, config) == plain_moe_layers(names)
     assert moe_layers(names, config) == plain_moe_layers(names)  # the routed-expert memo's matches
+    modules = [name[: -len(".weight")] for name in names]  # check_source_tensors reads the roles held only
+    assert _moe_layers(modules, config, weight_suffix="") == {
+        layer: {e: {role: name[: -len(".weight")] for role, name in roles.items()} for e, roles in experts.items()}
+        for layer, experts in plain_moe_layers(names).items()
+    }
 
 
 @given(
