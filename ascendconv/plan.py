@@ -779,7 +779,7 @@ class Planner:
                         sizes[quant_type] = made[2] + made[6]
                 found = classes[key] = kind(fact.group, sizes, True)
             items.append(found)
-        return [(group, sizes, linear, sum(1 for _ in run)) for (group, sizes, linear), run in itertools.groupby(items)]
+        return [(group, sizes, linear, len(list(run))) for (group, sizes, linear), run in itertools.groupby(items)]
 
     @gc_paused()
     def place(self, groups: dict[str, GroupDecision], max_shard_size: int) -> tuple[list[OutputTensor], list[ShardPlan]]:
