@@ -10,6 +10,7 @@ at once, any `experts.N.<proj>` is a routed expert) and a warning.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -298,14 +299,19 @@ class ModelRules:
 
     def routed_experts(self, prefixes: Iterable[str]) -> list[dict[str, str] | None]:
         """routed_expert of each of `prefixes`, in one loop: an expert's projections are listed
-        together and share everything but the last segment, read once for all three."""
+        together and share everything but the last segment, read once for all three. The names
+        read are remembered together at the end, at C speed (a name listed twice in one call is
+        read twice: equal dicts)."""
+        prefixes = prefixes if isinstance(prefixes, (list, tuple, dict)) else list(prefixes)  # read twice
         memo = self._routed_memo
         projections = self._expert_projections
         found_all = []
+        read = False  # whether a name was not remembered yet
         last_head = last = None  # the last expert module parsed, and its (layer, expert number) or None
         for prefix in prefixes:
             found = memo.get(prefix, memo)
             if found is memo:
+                read = True
                 head, _, proj = prefix.rpartition(".")
                 found = None
                 if proj in projections:
@@ -313,9 +319,10 @@ class ModelRules:
                         last_head, last = head, self._expert_of(head)
                     if last is not None:
                         found = {"layer": last[0], "expert": last[1], "proj": proj}
-                if len(memo) < ROUTED_MEMO_LIMIT:
-                    memo[prefix] = found
             found_all.append(found)
+        room = ROUTED_MEMO_LIMIT - len(memo)
+        if read and room > 0:  # (names already remembered count against the room: fewer are, no more)
+            memo.update(itertools.islice(zip(prefixes, found_all), room))
         return found_all
 
     @staticmethod

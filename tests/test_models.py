@@ -57,8 +57,24 @@ def test_routed_experts_of_a_list_is_routed_expert_of_each_name(heads, model_typ
     rules = rules_for({"model_type": model_type})
     rules._routed_memo.clear()
     cold = rules.routed_experts(prefixes)
+    assert rules._routed_memo.keys() == set(prefixes)  # each name read is remembered, at the end
+    assert rules.routed_experts(iter(prefixes)) == cold  # remembered; an iterator is read once only
     rules._routed_memo.clear()
     assert cold == [rules.routed_expert(p) for p in prefixes] == rules.routed_experts(prefixes)
+
+
+def test_routed_experts_remembers_no_more_names_than_the_limit(monkeypatch):
+    import ascendconv.models as models
+
+    prefixes = [f"model.layers.{i}.mlp.experts.{e}.{p}" for i in range(2) for e in range(3) for p in ("gate_proj", "up_proj")]
+    rules = rules_for({"model_type": "deepseek_v3"})
+    rules._routed_memo.clear()
+    monkeypatch.setattr(models, "ROUTED_MEMO_LIMIT", 5)
+    rules.routed_experts(prefixes[:2])
+    found = rules.routed_experts(prefixes)
+    assert len(rules._routed_memo) <= 5 and rules._routed_memo.keys() <= set(prefixes)
+    assert found == [rules.routed_expert(p) for p in prefixes]
+    rules._routed_memo.clear()
 
 
 def test_known_families_and_the_generic_rule():
