@@ -111,10 +111,6 @@ def module_pattern(name: str) -> str:
     return head + ("*" if last.isdecimal() else last)
 
 
-def is_routed_expert(prefix: str, rules: ModelRules = GENERIC_RULES) -> bool:
-    return rules.routed_expert(prefix) is not None
-
-
 def requested_type(
     prefix: str, scheme: str, overrides: list[Override], kept_float: str | None = None, routed: bool = False,
     native: str | None = None,
