@@ -33,8 +33,8 @@ from ascendconv.errors import (
     ShardChecksumError,
 )
 from ascendconv.io.hfcache import local_directory
-from ascendconv.io.outdir import OutputLock, StagedOutput, check_output, interruptible
-from ascendconv.io.output import check_free_space, check_output_path, existing_ancestor, output_errors, space_needed
+from ascendconv.io.outdir import StagedOutput, check_output, check_output_early, interruptible
+from ascendconv.io.output import check_free_space, existing_ancestor, output_errors, space_needed
 from ascendconv.io.checksum import CHECKSUM, hashed_file
 from ascendconv.io.threads import threads_started
 from ascendconv.io.files import COPY_CHUNK, copy_regular, create_new, created_mode, file_size, is_text, is_within, open_regular, read_json_object
@@ -326,11 +326,7 @@ def assemble(
             for directory in sorted(parts_given, key=lambda d: not _nested(real_out, Path(os.path.realpath(d)))):
                 check_output(out, directory, overwrite, DESCRIPTION_NAME, "part")
 
-        # before a part is read (let alone its shards hashed), as convert's before the source: an OUT
-        # that cannot be made, a busy OUT, what is there; all decided again under the lock
-        check_output_path(out)
-        OutputLock(out).probe()
-        check()
+        check_output_early(out, check)  # before a part is read (let alone its shards hashed), as convert's
         checked = checked_parts([Path(d) for d in directories], workers, progress, on_shard)
         parts = checked.parts
         check_free_space(out, space_to_assemble(out, parts))

@@ -22,8 +22,8 @@ from ascendconv.assemble import assemble_into, checked_parts
 from ascendconv.convert import ConvertOptions, ConvertResult, convert, plan_for, space_to_write
 from ascendconv.pipeline import Kernel, Progress
 from ascendconv.errors import AscendconvError, PartFailedError, RayCapacityError, RayMissingError, RayUnreachableError, plural
-from ascendconv.io.outdir import OutputLock, StagedOutput, as_interrupt, check_output, interruptible, signals_kept
-from ascendconv.io.output import check_free_space, check_output_path, output_errors
+from ascendconv.io.outdir import StagedOutput, as_interrupt, check_output, check_output_early, interruptible, signals_kept
+from ascendconv.io.output import check_free_space, output_errors
 from ascendconv.options import RayOptions
 from ascendconv.parts import check_part_count
 from ascendconv.ascendv1 import DESCRIPTION_NAME
@@ -130,13 +130,9 @@ def convert_on_ray(
     ray = import_ray()
     started = time.perf_counter()
     out = Path(out).absolute()
-    # before a header is read and Ray is started, as convert's: an OUT that cannot be made, a busy OUT,
-    # what is there (decided again under the lock)
-    check_output_path(out)
     root = Path(src).absolute()
     check = lambda: check_output(out, root, options.overwrite, DESCRIPTION_NAME)  # noqa: E731
-    OutputLock(out).probe()
-    check()
+    check_output_early(out, check)  # before a header is read and Ray is started, as convert's
     source = open_source(src)
     try:
         plan = plan_for(source, options)

@@ -20,8 +20,8 @@ from ascendconv.ascendv1 import DESCRIPTION_NAME, package_date
 from ascendconv.errors import BadOptionError, CopiedFileError, InputError, UnrecognizedCheckpointError, shown
 from ascendconv.io.files import file_size, is_text, mapped_reads_guarded
 from ascendconv.io.package import refuse_package_as_source
-from ascendconv.io.outdir import STAGING_TAG, OutputLock, StagedOutput, check_output, interruptible, stale_siblings
-from ascendconv.io.output import check_free_space, check_output_path, output_errors, space_needed
+from ascendconv.io.outdir import STAGING_TAG, StagedOutput, check_output, check_output_early, interruptible, stale_siblings
+from ascendconv.io.output import check_free_space, output_errors, space_needed
 from ascendconv.options import KERNELS, ConvertOptions
 from ascendconv.package_files import copied_file_digests, provenance_record, write_package_files, write_plan_files
 from ascendconv.parts import PART_MANIFEST_NAME, part_shards, write_part_manifest
@@ -166,15 +166,9 @@ def convert(
     started = time.perf_counter()
     out = Path(out)
     with interruptible(out):
-        # first: an OUT that cannot be made (or replaced) is refused before a header is read, and names
-        # too long for the file system make stat() itself fail in the checks below
-        check_output_path(out)
         marker = PART_MANIFEST_NAME if options.part else DESCRIPTION_NAME
         check = lambda: check_output(out, Path(src), options.overwrite, marker)  # noqa: E731
-        # then, still before a header is read (a dry run's too: it says what the run would refuse), a
-        # busy OUT and what is there: both are decided again under the lock
-        OutputLock(out).probe()
-        check()
+        check_output_early(out, check)  # before a header is read: a dry run's too (it says what the run would refuse)
         try:
             source = open_source(src)
         except InputError:

@@ -43,13 +43,23 @@ from ascendconv.errors import (
     shown,
 )
 from ascendconv.io.files import identity, is_within
-from ascendconv.io.output import LEAVE_IN_PLACE, check_replaceable, directory_gone
+from ascendconv.io.output import LEAVE_IN_PLACE, check_output_path, check_replaceable, directory_gone
 
 STAGING_TAG = ".ascendconv-staging-"
 OLD_TAG = ".ascendconv-old-"
 LOCK_TAG = ".ascendconv-lock"
 LEGACY_TAGS = (".ascendconv-partial-",)  # staging names of 0.1.0, which used the PID
 INTERRUPTING_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
+
+
+def check_output_early(out: Path, check: Callable[[], None]) -> None:
+    """Refuse OUT before the input is read (convert's source, its dry run's and --ray's, assemble's
+    parts): a path that cannot be made or replaced first (names too long for the file system make
+    stat() itself fail in the rest), then a run holding OUT's lock, then `check` of what is there.
+    Each is decided again under the lock; this only spares a run the work before a refusal."""
+    check_output_path(out)
+    OutputLock(out).probe()
+    check()
 
 
 def looks_like_package(path: Path, marker: str) -> bool:
