@@ -121,11 +121,9 @@ def _linear_kinds(linears: dict[str, SourceLinear], rules: ModelRules, facts: di
     # every expert, its hash kept, where the layer is a string routed_expert makes for each name
     in_groups: dict[str, tuple[str, set[str]]] = {}
     others = []
-    routed_expert = rules.routed_expert
-    for prefix, linear in linears.items():
+    for (prefix, linear), expert in zip(linears.items(), rules.routed_experts(linears)):
         weight, scale = linear.weight, linear.scale
         group = facts[prefix].group
-        expert = routed_expert(prefix)
         if expert is None:
             others.append(prefix)
             kinds, name_key = other_kinds, prefix
@@ -145,7 +143,7 @@ def _linear_kinds(linears: dict[str, SourceLinear], rules: ModelRules, facts: di
             slot[1] += nbytes
     routed_layers: dict[str, tuple[str, set[str]]] = {}
     for prefix, numbers in in_groups.values():
-        routed_layers.setdefault(routed_expert(prefix)["layer"], (prefix, set()))[1].update(numbers)
+        routed_layers.setdefault(rules.routed_expert(prefix)["layer"], (prefix, set()))[1].update(numbers)
     return _LinearKinds([*routed_kinds.items(), *other_kinds.items()], routed_layers, others)
 
 
